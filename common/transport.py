@@ -1,0 +1,178 @@
+"""asyncio ZeroMQ helpers for the socket roles of proto/SPEC.md §3.
+
+A `Channel` is one socket plus the codec: it sends typed messages and receives typed
+messages, counting and logging bad input instead of dying on it. Socket options are set
+per role, deliberately (see ROLES). Hot paths drain every queued message per wake-up
+(`recv_many`), so the asyncio cost is paid once per burst rather than once per message.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from common.codec import DEFAULT_LIMITS, Encoder, Limits, decode
+from common.errors import ConfigError, ProtocolError, TransportTimeout
+from common.curve import CurveKeys
+from proto.messages import Error, Message, from_envelope, to_frames
+
+log = logging.getLogger(__name__)
+
+IPC_PATH_MAX = 107  # sun_path is 108 bytes on Linux, one for the NUL
+
+
+@dataclass(frozen=True)
+class Role:
+    """How one end of one socket role is configured."""
+
+    kind: int  # zmq socket type
+    bind: bool  # True: this end binds (the stable, well-known end)
+    hwm: int  # send and receive high-water mark, in messages
+    linger_ms: int  # how long close() may wait to flush queued messages
+
+
+# name -> (role of the binding end, role of the connecting end). Rationale per line.
+ROLES: dict[str, tuple[Role, Role]] = {
+    # Experience must never be dropped: PUSH blocks at the HWM (back-pressure to samplers).
+    # 64 batches in flight bound memory (64 x 4096 x 42 x 4 B = 44 MB) yet absorb jitter.
+    "experience": (Role(zmq.PULL, True, 64, 0), Role(zmq.PUSH, False, 64, 2000)),
+    # Request/reply: learners keep a few requests in flight (prefetch); 16 is plenty.
+    "sample": (Role(zmq.ROUTER, True, 16, 0), Role(zmq.DEALER, False, 16, 0)),
+    # Weights: only the newest matters, so tiny HWMs let stale versions drop at the PUB.
+    "weights": (Role(zmq.XPUB, True, 4, 0), Role(zmq.SUB, False, 4, 0)),
+    # Metrics may be dropped under load; 1000 messages is minutes of metrics.
+    "metrics_in": (Role(zmq.XSUB, True, 1000, 0), Role(zmq.PUB, False, 1000, 0)),
+    "metrics_out": (Role(zmq.XPUB, True, 1000, 0), Role(zmq.SUB, False, 1000, 0)),
+    # Control: small messages, must not be lost while the peer lives; 1 s to flush a shutdown.
+    "control": (Role(zmq.ROUTER, True, 1000, 1000), Role(zmq.DEALER, False, 1000, 1000)),
+}
+
+
+def make_ipc_dir(prefix: str = "spz-") -> str:
+    """A private (0700) short directory for a run's ipc:// sockets."""
+    base = "/tmp" if os.path.isdir("/tmp") else tempfile.gettempdir()
+    path = tempfile.mkdtemp(prefix=prefix, dir=base)
+    os.chmod(path, 0o700)
+    return path
+
+
+def ipc_endpoint(directory: str, name: str) -> str:
+    endpoint = f"ipc://{directory}/{name}"
+    if len(endpoint) - len("ipc://") > IPC_PATH_MAX:
+        raise ConfigError(f"ipc path {endpoint!r} is longer than {IPC_PATH_MAX} bytes; "
+                          "use a shorter socket directory")
+    return endpoint
+
+
+def check_endpoint(endpoint: str) -> str:
+    if not (endpoint.startswith("ipc://") or endpoint.startswith("tcp://")
+            or endpoint.startswith("inproc://")):
+        raise ConfigError(f"endpoint {endpoint!r} must start with ipc://, tcp:// or inproc://")
+    return endpoint
+
+
+class Channel:
+    """One ZeroMQ socket speaking the protocol."""
+
+    def __init__(self, ctx: zmq.asyncio.Context, role: str, endpoint: str, *, binding: bool,
+                 encoder: Encoder, identity: str | None = None, limits: Limits = DEFAULT_LIMITS,
+                 curve: CurveKeys | None = None, hwm: int | None = None) -> None:
+        spec = ROLES[role][0 if binding else 1]
+        self.role, self.endpoint, self.encoder, self.limits = role, check_endpoint(endpoint), encoder, limits
+        self.is_router = spec.kind == zmq.ROUTER
+        self.errors: Counter[str] = Counter()
+        # header of the last valid message parsed (sender id, session, sequence number)
+        self.last_sender, self.last_session, self.last_seq = "", "", -1
+        self.sock = ctx.socket(spec.kind)
+        self.sock.setsockopt(zmq.SNDHWM, hwm or spec.hwm)
+        self.sock.setsockopt(zmq.RCVHWM, hwm or spec.hwm)
+        self.sock.setsockopt(zmq.LINGER, spec.linger_ms)
+        if identity is not None:
+            self.sock.setsockopt(zmq.IDENTITY, identity.encode())
+        if spec.kind == zmq.XPUB:
+            self.sock.setsockopt(zmq.XPUB_VERBOSE, 1)  # every (re)join is seen: last-value cache
+        if spec.kind == zmq.ROUTER:
+            self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted peer takes over its identity
+        if spec.kind == zmq.SUB:
+            self.sock.setsockopt(zmq.SUBSCRIBE, b"")
+        if curve is not None and endpoint.startswith("tcp://"):
+            curve.apply(self.sock, server=binding)
+        (self.sock.bind if binding else self.sock.connect)(endpoint)
+
+    # ------------------------------------------------------------------ sending
+    async def send(self, msg: Message, to: bytes | None = None) -> None:
+        frames = to_frames(msg, self.encoder)
+        if to is not None:
+            frames.insert(0, to)
+        await self.sock.send_multipart(frames, copy=False)
+
+    def send_nowait(self, msg: Message, to: bytes | None = None) -> bool:
+        """Send unless the socket would block; False when it would (PUB drops instead)."""
+        frames = to_frames(msg, self.encoder)
+        if to is not None:
+            frames.insert(0, to)
+        try:
+            self.sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+            return True
+        except zmq.Again:
+            return False
+
+    # ---------------------------------------------------------------- receiving
+    async def recv(self, timeout: float | None = None) -> tuple[bytes | None, Message]:
+        """Next valid message (sender identity on ROUTER sockets, else None)."""
+        while True:
+            if timeout is not None and not await self.sock.poll(int(timeout * 1000), zmq.POLLIN):
+                raise TransportTimeout(f"no message on {self.role} {self.endpoint} within {timeout}s")
+            frames = await self.sock.recv_multipart(copy=False)
+            got = self.parse(frames)
+            if got is not None:
+                return got
+
+    async def recv_many(self, max_n: int, timeout: float | None = None) -> list[tuple[bytes | None, Message]]:
+        """Wait for at least one message, then take every queued one up to max_n."""
+        out = [await self.recv(timeout)]
+        while len(out) < max_n:
+            try:
+                frames = self.sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            got = self.parse(frames)
+            if got is not None:
+                out.append(got)
+        return out
+
+    def parse(self, frames: list[Any]) -> tuple[bytes | None, Message] | None:
+        peer = None
+        if self.is_router:
+            peer = frames[0].bytes
+            frames = frames[1:]
+        elif self.sock.socket_type == zmq.XPUB:  # subscription frames are handled by the owner
+            return None
+        try:
+            env = decode(frames, self.limits)
+            self.last_sender, self.last_session, self.last_seq = env.sender, env.session, env.seq
+            return peer, from_envelope(env)
+        except ProtocolError as exc:
+            self.errors[exc.code] += 1
+            log.warning("%s: dropped bad message%s: %s", self.role,
+                        f" from {peer!r}" if peer else "", exc)
+            if peer is not None:
+                self._reply_error(peer, exc)
+            return None
+
+    def _reply_error(self, peer: bytes, exc: ProtocolError) -> None:
+        frames = to_frames(Error(code=exc.code, detail=str(exc)[:500]), self.encoder)
+        try:
+            self.sock.send_multipart([peer, *frames], flags=zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass  # the peer is gone or slow; the error is counted and logged already
+
+    def close(self) -> None:
+        self.sock.close()

@@ -1,0 +1,332 @@
+"""Typed Python definitions of every message in proto/SPEC.md.
+
+Each message is a frozen dataclass with a wire `TYPE`. Field kinds follow from the
+annotation: `np.ndarray` fields travel as array frames named after the field,
+`ArrayMap` fields as array frames named "<field>/<key>", everything else in the
+header's `body` map. `to_frames` and `from_envelope` are the only conversions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from common.codec import Encoder, Envelope
+from common.errors import SchemaError, UnknownTypeError
+
+SPEC_VERSION = "1.0"  # proto/SPEC.md document version; wire major version is codec.PROTOCOL_VERSION
+
+ArrayMap = dict[str, np.ndarray]
+
+
+class Message:
+    """Base of all messages; subclasses are dataclasses registered by TYPE.
+
+    Not frozen: construction sits on the hot path and frozen dataclasses cost a
+    setattr call per field. Treat received messages as read-only all the same.
+    """
+
+    TYPE: ClassVar[str] = ""
+
+    def check(self) -> None:
+        """Cross-field checks run on every received message; raise SchemaError."""
+
+
+@dataclass(frozen=True)
+class TransitionLayout:
+    """Columns of a transition matrix row: obs | action | reward | next_obs | done.
+
+    One float32 matrix per batch means one frame, one copy into replay, one gather per
+    sample and one host-to-device transfer per learner batch.
+    """
+
+    obs_dim: int
+    act_dim: int
+
+    @property
+    def width(self) -> int:
+        return 2 * self.obs_dim + self.act_dim + 2
+
+    def columns(self, m: np.ndarray) -> dict[str, np.ndarray]:
+        """Named column views (no copies) of an [n, width] matrix (numpy or torch)."""
+        o, a = self.obs_dim, self.act_dim
+        return {"obs": m[:, :o], "action": m[:, o:o + a], "reward": m[:, o + a],
+                "next_obs": m[:, o + a + 1:2 * o + a + 1], "done": m[:, 2 * o + a + 1]}
+
+    def pack(self, obs: np.ndarray, action: np.ndarray, reward: np.ndarray,
+             next_obs: np.ndarray, done: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """Write the five fields into rows of a float32 matrix (new or `out`)."""
+        n = len(obs)
+        m = np.empty((n, self.width), np.float32) if out is None else out
+        cols = self.columns(m)
+        cols["obs"][:] = obs
+        cols["action"][:] = action
+        cols["reward"][:] = reward
+        cols["next_obs"][:] = next_obs
+        cols["done"][:] = done
+        return m
+
+
+def _check_transitions(msg: Any) -> None:
+    m = msg.transitions
+    width = 2 * msg.obs_dim + msg.act_dim + 2
+    if msg.obs_dim <= 0 or msg.act_dim <= 0:
+        raise SchemaError(f"{msg.TYPE}: obs_dim={msg.obs_dim}, act_dim={msg.act_dim} must be > 0")
+    if m.dtype != np.float32 or m.ndim != 2 or m.shape[1] != width:
+        raise SchemaError(f"{msg.TYPE}.transitions has {m.dtype} shape {list(m.shape)}, expected "
+                          f"float32 [n, {width}] for obs_dim={msg.obs_dim}, act_dim={msg.act_dim}")
+
+
+@dataclass(slots=True)
+class Experience(Message):
+    """A batch of transitions, sampler -> replay (PUSH/PULL), one row per transition."""
+
+    TYPE: ClassVar[str] = "experience"
+    transitions: np.ndarray  # float32 [n, 2*obs_dim+act_dim+2], see TransitionLayout
+    obs_dim: int
+    act_dim: int
+    env_steps: int  # env steps taken by this sender incarnation so far, this batch included
+    actor_version: int = -1  # version of the actor that chose the actions (-1: random warm-up)
+    episode_returns: list[float] = field(default_factory=list)  # episodes finished in this batch
+    episode_lengths: list[int] = field(default_factory=list)
+
+    def check(self) -> None:
+        _check_transitions(self)
+
+
+@dataclass(slots=True)
+class SampleRequest(Message):
+    """Learner -> replay (DEALER/ROUTER): ask for one batch of `batch_size` transitions."""
+
+    TYPE: ClassVar[str] = "sample_request"
+    request_id: int
+    batch_size: int
+
+
+@dataclass(slots=True)
+class SampledBatch(Message):
+    """Replay -> learner (ROUTER/DEALER): the answer to one SampleRequest."""
+
+    TYPE: ClassVar[str] = "sampled_batch"
+    request_id: int
+    transitions: np.ndarray  # float32 [batch_size, width], same layout as Experience
+    obs_dim: int
+    act_dim: int
+    replay_size: int = 0  # transitions stored when sampled
+    inserted: int = 0  # transitions ever inserted (env steps seen by replay)
+
+    def check(self) -> None:
+        _check_transitions(self)
+
+
+@dataclass(slots=True)
+class Weights(Message):
+    """Network weights with a version, learner -> subscribers (XPUB/SUB, last value cached).
+
+    Dense tensors ride in `dense`; a sparse tensor of shape `shapes[k]` rides as flat
+    C-order int32 indices `idx[k]` (ascending) and float32 values `val[k]`.
+    """
+
+    TYPE: ClassVar[str] = "weights"
+    net: str  # "actor" | "actor_target" | "critic"
+    version: int  # never decreases per (sender, net); Spreeze learners use their update count
+    updates: int  # gradient updates done by the publishing learner
+    dense: ArrayMap = field(default_factory=dict)
+    idx: ArrayMap = field(default_factory=dict)
+    val: ArrayMap = field(default_factory=dict)
+    shapes: dict[str, list[int]] = field(default_factory=dict)
+    extras: dict[str, float] = field(default_factory=dict)  # e.g. SAC's {"alpha": 0.2}
+
+
+@dataclass(slots=True)
+class Metrics(Message):
+    """Scalars from one service (PUB -> supervisor's XSUB/XPUB proxy -> SUB). May be dropped."""
+
+    TYPE: ClassVar[str] = "metrics"
+    service: str
+    values: dict[str, Any]  # name -> int | float | str
+
+
+@dataclass(slots=True)
+class EvalResult(Message):
+    """Evaluator -> metrics bus: deterministic evaluation of one actor version."""
+
+    TYPE: ClassVar[str] = "eval_result"
+    actor_version: int
+    env_steps: int
+    updates: int
+    return_mean: float
+    return_std: float
+    length_mean: float
+    episodes: int
+    returns: list[float] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Event(Message):
+    """Something that happened, with its reason: a restart, a tuning decision, a give-up."""
+
+    TYPE: ClassVar[str] = "event"
+    kind: str
+    reason: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Register(Message):
+    """Service -> supervisor (DEALER/ROUTER), first message of every incarnation."""
+
+    TYPE: ClassVar[str] = "register"
+    role: str  # sampler | replay | actor_learner | critic_learner | learner | evaluator | visualizer
+    pid: int
+    host: str
+    service_id: str = ""  # requested id ("" = let the supervisor choose)
+
+
+@dataclass(slots=True)
+class Welcome(Message):
+    """Supervisor -> service: the answer to Register."""
+
+    TYPE: ClassVar[str] = "welcome"
+    service_id: str
+    endpoints: dict[str, str]
+    config: dict[str, Any]
+    heartbeat_interval: float  # seconds between heartbeats the supervisor expects
+
+
+@dataclass(slots=True)
+class Heartbeat(Message):
+    """Service -> supervisor, sent from the service's own event loop."""
+
+    TYPE: ClassVar[str] = "heartbeat"
+    service_id: str
+    state: str  # "running" | "paused"
+    counters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Control(Message):
+    """Supervisor -> service: set | pause | resume | shutdown | ping."""
+
+    TYPE: ClassVar[str] = "control"
+    command: str
+    request_id: int
+    key: str = ""
+    value: Any = None
+
+
+@dataclass(slots=True)
+class ControlReply(Message):
+    """Service -> supervisor: the outcome of one Control."""
+
+    TYPE: ClassVar[str] = "control_reply"
+    request_id: int
+    ok: bool
+    detail: str = ""
+
+
+@dataclass(slots=True)
+class Error(Message):
+    """Sent back on request/reply sockets when a request is refused."""
+
+    TYPE: ClassVar[str] = "error"
+    code: str  # the ProtocolError code or an application code
+    detail: str
+    ref_type: str = ""
+    ref_seq: int = -1
+
+
+CONTROL_COMMANDS = frozenset({"set", "pause", "resume", "shutdown", "ping"})
+
+# ---------------------------------------------------------------- conversions
+
+_PY_TYPES: dict[Any, frozenset[type]] = {
+    int: frozenset({int}), float: frozenset({int, float}), str: frozenset({str}),
+    bool: frozenset({bool}), list: frozenset({list}), dict: frozenset({dict}),
+}
+
+
+@dataclass(frozen=True)
+class _Schema:
+    """Per-class field split, computed once: which fields are arrays, maps, body values."""
+
+    arrays: tuple[tuple[str, bool], ...]  # (name, required)
+    maps: tuple[str, ...]
+    body: tuple[tuple[str, frozenset[type] | None, bool], ...]  # (name, accepted types | any, required)
+
+
+def _schema(cls: type) -> _Schema:
+    hints = typing.get_type_hints(cls)
+    arrays, maps, body = [], [], []
+    for f in dataclasses.fields(cls):
+        hint = hints[f.name]
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        if hint is np.ndarray:
+            arrays.append((f.name, required))
+        elif hint == ArrayMap:
+            maps.append(f.name)
+        else:
+            body.append((f.name, _PY_TYPES.get(typing.get_origin(hint) or hint), required))
+    return _Schema(tuple(arrays), tuple(maps), tuple(body))
+
+
+MESSAGE_TYPES: dict[str, type[Message]] = {
+    cls.TYPE: cls for cls in (Experience, SampleRequest, SampledBatch, Weights, Metrics, EvalResult,
+                              Event, Register, Welcome, Heartbeat, Control, ControlReply, Error)
+}
+_SCHEMAS: dict[type, _Schema] = {cls: _schema(cls) for cls in MESSAGE_TYPES.values()}
+
+
+def to_frames(msg: Message, encoder: Encoder) -> list[Any]:
+    """Encode a message into multipart frames (arrays not copied)."""
+    schema = _SCHEMAS[type(msg)]
+    body = {name: getattr(msg, name) for name, _, _ in schema.body}
+    arrays = {name: getattr(msg, name) for name, _ in schema.arrays}
+    for name in schema.maps:
+        for key, arr in getattr(msg, name).items():
+            arrays[f"{name}/{key}"] = arr
+    return encoder.encode(msg.TYPE, body, arrays)
+
+
+def from_envelope(env: Envelope) -> Message:
+    """Check a decoded envelope against its message schema and build the typed message."""
+    cls = MESSAGE_TYPES.get(env.type)
+    if cls is None:
+        raise UnknownTypeError(f"unknown message type {env.type!r:.60} from {env.sender!r:.60}")
+    schema = _SCHEMAS[cls]
+    kwargs: dict[str, Any] = {}
+    body = env.body
+    for name, accepts, required in schema.body:
+        value = body.get(name)
+        if value is None:
+            if required:
+                raise SchemaError(f"{env.type}: required field {name!r} is missing")
+        elif accepts is not None and type(value) not in accepts:
+            raise SchemaError(f"{env.type}.{name}={value!r:.60} is a {type(value).__name__}, "
+                              f"expected {'/'.join(sorted(t.__name__ for t in accepts))}")
+        else:
+            kwargs[name] = value
+    for name, required in schema.arrays:
+        value = env.arrays.get(name)
+        if value is not None:
+            kwargs[name] = value
+        elif required:
+            raise SchemaError(f"{env.type}: required array {name!r} is missing")
+    if schema.maps:
+        kwargs.update(_collect_maps(env.arrays, schema.maps))
+    msg = cls(**kwargs)
+    msg.check()
+    return msg
+
+
+def _collect_maps(arrays: dict[str, np.ndarray], names: tuple[str, ...]) -> dict[str, ArrayMap]:
+    maps: dict[str, ArrayMap] = {name: {} for name in names}
+    for full, arr in arrays.items():
+        prefix, sep, key = full.partition("/")
+        if sep and prefix in maps:
+            maps[prefix][key] = arr
+    return maps

@@ -1,0 +1,108 @@
+"""The `spreeze` command line: train, eval, bench."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import logging
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from common.config import Config, field_docs, load_config, to_dict
+from common.errors import ConfigError, SpreezeError
+
+
+def _train_parser(sub: argparse._SubParsersAction) -> None:
+    rows = "\n".join(f"  {key:34s} {doc} (default {default})" for key, default, doc in field_docs())
+    p = sub.add_parser(
+        "train", help="train an agent with every service as a local process",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Train TD3 or SAC. With no arguments: TD3 on HalfCheetah-v5.",
+        epilog="Any config key can be set as key=value (values parsed as YAML), e.g.\n"
+               "  spreeze train learner.batch_size=512 replay.update_to_data=0.5\n\nConfig keys:\n" + rows)
+    p.add_argument("--config", help="YAML config file (see configs/); overrides apply on top")
+    p.add_argument("--env", help="gymnasium environment id (config key env)")
+    p.add_argument("--algo", choices=("td3", "sac"), help="algorithm (config key algo)")
+    p.add_argument("--seed", type=int, help="base seed (config key seed)")
+    p.add_argument("--total-steps", type=int, help="env steps budget (config key total_steps)")
+    p.add_argument("--time-limit", type=float, help="wall-clock budget in seconds (config key time_limit)")
+    p.add_argument("--run-dir", help="run directory (config key run_dir)")
+    p.add_argument("--quiet", action="store_true", help="no console progress lines")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
+
+
+def train_config(args: argparse.Namespace) -> Config:
+    flags = {"env": args.env, "algo": args.algo, "seed": args.seed, "total_steps": args.total_steps,
+             "time_limit": args.time_limit, "run_dir": args.run_dir}
+    overrides = list(args.overrides) + [f"{k}={v}" for k, v in flags.items() if v is not None]
+    cfg = load_config(args.config, overrides)
+    if not cfg.run_dir:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        cfg = dataclasses.replace(cfg, run_dir=f"runs/{cfg.env}-{cfg.algo}-s{cfg.seed}-{stamp}")
+    run_dir = Path(cfg.run_dir).resolve()
+    return dataclasses.replace(cfg, run_dir=str(run_dir))
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from services.supervisor.main import Supervisor
+
+    cfg = train_config(args)
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    logging.basicConfig(filename=run_dir / "supervisor.log", level=logging.INFO,
+                        format="%(asctime)s supervisor %(levelname)s %(name)s: %(message)s")
+    print(f"spreeze: training {cfg.algo} on {cfg.env} for {cfg.total_steps:,} env steps; run dir {run_dir}",
+          flush=True)
+    return asyncio.run(Supervisor(cfg, quiet=args.quiet).run())
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from common.evaluation import evaluate_checkpoint
+
+    returns = evaluate_checkpoint(Path(args.run_dir), args.episodes, args.checkpoint)
+    import numpy as np
+
+    print(f"{args.checkpoint} checkpoint of {args.run_dir}: return {np.mean(returns):.1f} "
+          f"± {np.std(returns):.1f} over {len(returns)} episodes")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    if args.what == "transport":
+        from bench.transport import main as bench_main
+
+        return bench_main(args.rest)
+    raise ConfigError(f"unknown benchmark {args.what!r}")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="spreeze", description="High-throughput actor-critic RL.")
+    sub = p.add_subparsers(dest="command", required=True)
+    _train_parser(sub)
+    e = sub.add_parser("eval", help="evaluate a run's best checkpoint")
+    e.add_argument("run_dir")
+    e.add_argument("--episodes", type=int, default=10)
+    e.add_argument("--checkpoint", choices=("best", "latest"), default="best")
+    b = sub.add_parser("bench", help="benchmarks (transport)")
+    b.add_argument("what", choices=("transport",))
+    b.add_argument("rest", nargs=argparse.REMAINDER, help="arguments of the benchmark")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    handlers = {"train": cmd_train, "eval": cmd_eval, "bench": cmd_bench}
+    try:
+        return handlers[args.command](args)
+    except SpreezeError as exc:
+        print(f"spreeze {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,279 @@
+"""The run configuration: frozen dataclasses, loaded from YAML plus key=value overrides.
+
+Every field has a one-line doc (the comment after it), which `spreeze train --help`
+prints. `load_config` validates everything at start and names the bad key and value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from common.algorithms.sac import SACConfig
+from common.algorithms.td3 import TD3Config
+from common.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class SamplerConfig:
+    num_samplers: int = 1  # sampler processes started locally
+    envs_per_sampler: int = 4  # vectorized envs stepped by each sampler process
+    steps_per_push: int = 64  # env steps per env between Experience pushes (batch = this x envs)
+    warmup_steps: int = 10_000  # total env steps (all samplers) acting uniformly at random
+
+    def validate(self) -> None:
+        _positive(self, "num_samplers", "envs_per_sampler", "steps_per_push")
+        _non_negative(self, "warmup_steps")
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    capacity: int = 1_000_000  # transitions kept (ring buffer)
+    min_size: int = 10_000  # transitions stored before the first sample is served
+    update_to_data: float = 1.0  # target gradient updates per env step (0 = no rate limit)
+    tolerance: float = 0.25  # allowed drift from the target, as a fraction of min_size updates
+    reject_non_finite: bool = True  # refuse batches holding NaN or inf
+
+    def validate(self) -> None:
+        _positive(self, "capacity")
+        _non_negative(self, "min_size", "update_to_data")
+        if not 0 < self.tolerance <= 10:
+            raise ConfigError(f"replay.tolerance={self.tolerance!r} must be in (0, 10]")
+        if self.min_size > self.capacity:
+            raise ConfigError(f"replay.min_size={self.min_size} exceeds replay.capacity={self.capacity}")
+
+
+@dataclass(frozen=True)
+class LearnerConfig:
+    mode: str = "fused"  # fused: one process for actor and critics | split: actor_learner + critic_learner
+    batch_size: int = 256  # transitions per gradient update
+    prefetch: int = 4  # sample requests kept in flight per learner
+    sync_every: int = 2  # split mode: updates between actor <-> critic weight exchanges (K)
+    max_lag: int = 64  # split mode: critic updates the critic may run ahead of the actor it uses
+    publish_interval: float = 0.05  # seconds between actor weight publishes to samplers/evaluator
+    actor_device: str = "cpu"  # torch device of the actor (split: actor_learner; fused: both)
+    critic_device: str = "cpu"  # torch device of the critic_learner (split mode)
+    threads: int = 1  # torch intra-op threads per learner process
+    checkpoint_every_s: float = 60.0  # seconds between learner state checkpoints
+
+    def validate(self) -> None:
+        _choice(self, "mode", ("fused", "split"))
+        _positive(self, "batch_size", "prefetch", "sync_every", "max_lag", "threads", "checkpoint_every_s")
+        _non_negative(self, "publish_interval")
+        for name in ("actor_device", "critic_device"):
+            value = getattr(self, name)
+            if not (value == "cpu" or value == "cuda" or value.startswith("cuda:")):
+                raise ConfigError(f"learner.{name}={value!r} must be cpu, cuda or cuda:N")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    every_updates: int = 5_000  # evaluate when the actor has done this many more updates
+    every_seconds: float = 0.0  # or when this many seconds passed (0 = off)
+    episodes: int = 5  # deterministic episodes per evaluation
+
+    def validate(self) -> None:
+        _positive(self, "episodes")
+        _non_negative(self, "every_updates", "every_seconds")
+        if self.every_updates == 0 and self.every_seconds == 0:
+            raise ConfigError("eval.every_updates and eval.every_seconds are both 0: nothing triggers evaluation")
+
+
+@dataclass(frozen=True)
+class SupervisorConfig:
+    heartbeat_interval: float = 1.0  # seconds between heartbeats of each service
+    liveness: int = 5  # missed heartbeats before a service is declared dead (3-5 is reasonable)
+    start_timeout: float = 60.0  # seconds a started service has to register
+    max_restarts: int = 5  # restarts of one service within restart_window before the run stops
+    restart_window: float = 300.0  # seconds
+    backoff: float = 1.0  # first restart delay in seconds, doubled per restart in the window
+    progress_every: float = 5.0  # seconds between console progress lines
+
+    def validate(self) -> None:
+        _positive(self, "heartbeat_interval", "liveness", "start_timeout", "restart_window", "progress_every")
+        _non_negative(self, "max_restarts", "backoff")
+
+
+@dataclass(frozen=True)
+class Config:
+    env: str = "HalfCheetah-v5"  # gymnasium environment id (continuous actions)
+    algo: str = "td3"  # td3 | sac
+    seed: int = 0  # base seed; each service derives its own
+    total_steps: int = 100_000  # env steps budget; the run stops when replay has seen this many
+    time_limit: float = 0.0  # wall-clock budget in seconds (0 = none)
+    run_dir: str = ""  # run directory ("" = runs/<env>-<algo>-<seed>-<timestamp>)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    td3: TD3Config = field(default_factory=TD3Config)
+    sac: SACConfig = field(default_factory=SACConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    supervisor: SupervisorConfig = field(default_factory=SupervisorConfig)
+
+    def validate(self) -> None:
+        _choice(self, "algo", ("td3", "sac"))
+        _positive(self, "total_steps")
+        _non_negative(self, "time_limit", "seed")
+        if not self.env:
+            raise ConfigError("env='' must name a gymnasium environment id")
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if dataclasses.is_dataclass(value):
+                try:
+                    value.validate()
+                except ConfigError:
+                    raise
+                except ValueError as exc:
+                    raise ConfigError(str(exc)) from None
+
+    @property
+    def algo_config(self) -> TD3Config | SACConfig:
+        return self.td3 if self.algo == "td3" else self.sac
+
+
+# ------------------------------------------------------------------ validation helpers
+
+def _section(obj: Any) -> str:
+    return {SamplerConfig: "sampler.", ReplayConfig: "replay.", LearnerConfig: "learner.",
+            EvalConfig: "eval.", SupervisorConfig: "supervisor."}.get(type(obj), "")
+
+
+def _positive(obj: Any, *names: str) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if not value > 0:
+            raise ConfigError(f"{_section(obj)}{name}={value!r} must be > 0")
+
+
+def _non_negative(obj: Any, *names: str) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if not value >= 0:
+            raise ConfigError(f"{_section(obj)}{name}={value!r} must be >= 0")
+
+
+def _choice(obj: Any, name: str, choices: tuple[str, ...]) -> None:
+    value = getattr(obj, name)
+    if value not in choices:
+        raise ConfigError(f"{_section(obj)}{name}={value!r} must be one of {', '.join(choices)}")
+
+
+# ------------------------------------------------------------------ loading
+
+def build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
+    """Build a (nested) config dataclass from plain data, checking keys and types."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'} must be a mapping, got {data!r:.60}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ConfigError(f"unknown config key {prefix}{unknown[0]} (known: {', '.join(sorted(names))})")
+    kwargs = {name: _coerce(hints[name], value, f"{prefix}{name}") for name, value in data.items()}
+    return cls(**kwargs)
+
+
+def _coerce(hint: Any, value: Any, key: str) -> Any:
+    if dataclasses.is_dataclass(hint):
+        return build(hint, value, key + ".")
+    origin = typing.get_origin(hint)
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, int) and not isinstance(v, bool)
+                                                           for v in value):
+            raise ConfigError(f"{key}={value!r} must be a list of integers")
+        return tuple(value)
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        return None if value is None else _coerce(args[0], value, key)
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint in (int, float, str, bool) and (type(value) is not hint):
+        raise ConfigError(f"{key}={value!r} must be of type {hint.__name__}")
+    return value
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """Plain data (YAML/msgpack friendly) of a config dataclass."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        out[f.name] = to_dict(value) if dataclasses.is_dataclass(value) else (
+            list(value) if isinstance(value, tuple) else value)
+    return out
+
+
+def from_dict(data: dict[str, Any]) -> Config:
+    cfg = build(Config, data)
+    cfg.validate()
+    return cfg
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """'replay.capacity=1000' -> (['replay', 'capacity'], 1000), values parsed as YAML."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override {text!r} is not of the form key=value")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override {text!r}: value is not valid YAML: {exc}") from None
+    return key.strip().split("."), value
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
+                base: dict[str, Any] | None = None) -> Config:
+    """YAML file (optional) + overrides -> a validated Config."""
+    data: dict[str, Any] = dict(base or {})
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {str(p)!r} does not exist")
+        try:
+            loaded = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {str(p)!r} is not valid YAML: {exc}") from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {str(p)!r} must hold a mapping at top level")
+        data = _merge(data, loaded)
+    for text in overrides or []:
+        keys, value = parse_override(text)
+        node = data
+        for k in keys[:-1]:
+            node = node.setdefault(k, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {text!r}: {k} is not a section")
+        node[keys[-1]] = value
+    return from_dict(data)
+
+
+def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def field_docs(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(key, default, doc) for every leaf field, docs taken from the source comments."""
+    import inspect
+
+    source = inspect.getsource(cls)
+    docs = {}
+    for line in source.splitlines():
+        stripped = line.strip()
+        if ":" in stripped and "#" in stripped and not stripped.startswith(("#", "def", "raise")):
+            docs[stripped.split(":")[0].strip()] = stripped.split("#", 1)[1].strip()
+    rows = []
+    for f in dataclasses.fields(cls):
+        hint = typing.get_type_hints(cls)[f.name]
+        if dataclasses.is_dataclass(hint):
+            rows += field_docs(hint, f"{prefix}{f.name}.")
+        else:
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+            rows.append((f"{prefix}{f.name}", repr(default), docs.get(f.name, "")))
+    return rows

@@ -1,0 +1,92 @@
+"""Gymnasium environments stepped in batches, writing transition rows in place.
+
+Our own small vectorization rather than gymnasium's vector envs: it writes each step
+straight into the rows of the outgoing Experience matrix, stores the TRUE final
+observation at episode ends (not the reset one), and marks only termination as done,
+so truncated episodes are bootstrapped.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+
+from common.errors import ConfigError
+from proto.messages import TransitionLayout
+
+
+def make_env(env_id: str, seed: int | None = None, **kwargs: object) -> gym.Env:
+    """gym.make with a clear error for unknown ids and non-continuous action spaces."""
+    try:
+        env = gym.make(env_id, **kwargs)
+    except gym.error.Error as exc:
+        raise ConfigError(f"env={env_id!r} cannot be made: {exc}") from None
+    space = env.action_space
+    if not isinstance(space, gym.spaces.Box) or len(space.shape) != 1:
+        env.close()
+        raise ConfigError(f"env={env_id!r} has action space {space}, Spreeze needs a 1-D Box")
+    if len(env.observation_space.shape or ()) != 1:
+        env.close()
+        raise ConfigError(f"env={env_id!r} has observation space {env.observation_space}, "
+                          "Spreeze needs a flat Box")
+    if seed is not None:
+        env.action_space.seed(seed)
+    return env
+
+
+def env_spec(env_id: str) -> tuple[TransitionLayout, np.ndarray, np.ndarray]:
+    """(layout, action low, action high) of an environment id."""
+    env = make_env(env_id)
+    try:
+        space = env.action_space
+        layout = TransitionLayout(env.observation_space.shape[0], space.shape[0])
+        return layout, space.low.astype(np.float32), space.high.astype(np.float32)
+    finally:
+        env.close()
+
+
+class EnvBatch:
+    """E environments of one id, stepped one after another in this process."""
+
+    def __init__(self, env_id: str, n: int, seed: int) -> None:
+        self.envs = [make_env(env_id, seed + i) for i in range(n)]
+        space = self.envs[0].action_space
+        self.low, self.high = space.low.astype(np.float32), space.high.astype(np.float32)
+        self.layout = TransitionLayout(self.envs[0].observation_space.shape[0], space.shape[0])
+        self.obs = np.stack([e.reset(seed=seed + i)[0] for i, e in enumerate(self.envs)]).astype(np.float32)
+        self.ep_return = np.zeros(n)
+        self.ep_length = np.zeros(n, np.int64)
+        self.steps = 0
+
+    def __len__(self) -> int:
+        return len(self.envs)
+
+    def step(self, actions: np.ndarray, rows: np.ndarray) -> list[tuple[float, int]]:
+        """Step every env with `actions` [E, act_dim]; write E transition rows into `rows`.
+
+        Returns (return, length) of each episode that ended in this step."""
+        cols = self.layout.columns(rows)
+        cols["obs"][:] = self.obs
+        cols["action"][:] = actions
+        finished = []
+        for i, env in enumerate(self.envs):
+            next_obs, reward, terminated, truncated, _ = env.step(actions[i])
+            cols["reward"][i] = reward
+            cols["next_obs"][i] = next_obs
+            cols["done"][i] = 1.0 if terminated else 0.0
+            self.ep_return[i] += reward
+            self.ep_length[i] += 1
+            if terminated or truncated:
+                finished.append((float(self.ep_return[i]), int(self.ep_length[i])))
+                self.ep_return[i], self.ep_length[i] = 0.0, 0
+                next_obs, _ = env.reset()
+            self.obs[i] = next_obs
+        self.steps += len(self.envs)
+        return finished
+
+    def random_actions(self, rng: np.random.Generator) -> np.ndarray:
+        return rng.uniform(self.low, self.high, (len(self.envs), len(self.low))).astype(np.float32)
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()

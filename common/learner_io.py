@@ -1,0 +1,87 @@
+"""What the learner services share: the batch stream from replay, and checkpoint files."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from common.errors import ConfigError, PeerError, TransportTimeout
+from common.transport import Channel
+from proto.messages import Error, SampledBatch, SampleRequest, TransitionLayout
+
+Batch = dict[str, torch.Tensor]
+
+# Frames from the wire may be read-only; the learner never writes into a batch.
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+
+
+class BatchStream:
+    """Keeps `prefetch` SampleRequests in flight and yields batches as torch tensors.
+
+    On CPU the tensor is a view of the received frame (no copy); on CUDA one pinned
+    host-to-device copy per batch, then the columns are views of the device matrix.
+    """
+
+    def __init__(self, channel: Channel, layout: TransitionLayout, batch_size: int,
+                 prefetch: int, device: torch.device) -> None:
+        self.channel, self.layout, self.device = channel, layout, device
+        self.batch_size, self.prefetch = batch_size, prefetch
+        self.next_id = 0
+        self.in_flight = 0
+        self.inserted = 0  # env steps replay had seen at the newest batch
+        self.wait_s = 0.0  # time spent waiting for batches (transport + rate limiting)
+
+    async def next(self, stop: asyncio.Event) -> Batch | None:
+        """Next batch, or None once `stop` is set."""
+        while self.in_flight < self.prefetch:
+            self.next_id += 1
+            await self.channel.send(SampleRequest(self.next_id, self.batch_size))
+            self.in_flight += 1
+        t0 = time.perf_counter()
+        try:
+            while not stop.is_set():
+                try:
+                    _, msg = await self.channel.recv(timeout=0.2)
+                except TransportTimeout:
+                    continue
+                if isinstance(msg, Error):
+                    raise PeerError(f"replay refused a sample request: {msg.code}: {msg.detail}")
+                if isinstance(msg, SampledBatch):
+                    self.in_flight -= 1
+                    self.inserted = msg.inserted
+                    return self.to_batch(msg)
+            return None
+        finally:
+            self.wait_s += time.perf_counter() - t0
+
+    def to_batch(self, msg: SampledBatch) -> Batch:
+        m = torch.from_numpy(msg.transitions)
+        if self.device.type != "cpu":
+            m = m.pin_memory().to(self.device, non_blocking=True)
+        return self.layout.columns(m)  # type: ignore[return-value]
+
+
+def atomic_save(obj: Any, path: str | Path) -> None:
+    """torch.save to a temporary file beside `path`, then rename over it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def checkpoint_dir(run_dir: str) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def device_of(name: str) -> torch.device:
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"learner device {name!r} requested but CUDA is not available")
+    return device

@@ -1,0 +1,69 @@
+"""Actor-learner: policy (and temperature) updates against the newest critic copy.
+
+Pacing: the actor does update number a+1 only once the critic-learner reports at least
+(a+1) x policy_delay critic updates, which is TD3's delayed policy update across
+processes (SAC: delay 1). Every `sync_every` actor updates it sends the actor (and TD3's
+target actor) to the critic-learner; every `publish_interval` seconds to samplers.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import zmq
+
+from common.config import to_dict
+from common.weights import WeightsFollower, to_state
+from services.learner.base import LOSS_EVERY, LearnerBase
+
+WAIT_MS = 20  # poll granularity while waiting for critic weights
+
+
+class ActorLearner(LearnerBase):
+    ROLE = "actor_learner"
+
+    def counters(self) -> dict[str, Any]:
+        return {"updates": self.actor.updates if hasattr(self, "actor") else 0}
+
+    async def serve(self) -> None:
+        lc = self.cfg.learner
+        self.actor, _ = self.setup(lc.actor_device, shared=False)
+        to_samplers, to_critic = self.publisher("actor_weights"), self.publisher("actor_sync")
+        critics = WeightsFollower(self.channel("weights", binding=False, name="critic_sync"))
+        self.critic_updates = 0
+        self.send_sync(to_critic)
+        self.publish_actor(to_samplers, self.actor)
+        last_publish = time.monotonic()
+        while self.running:
+            newest = critics.poll().get("critic")
+            if newest is not None:
+                self.actor.load_critic(to_state(newest))
+                self.critic_updates = newest.updates
+            if self.critic_updates < (self.actor.updates + 1) * self.actor.policy_delay:
+                await critics.channel.sock.poll(WAIT_MS, zmq.POLLIN)
+                continue
+            batch = await self.batches.next(self.stopping)
+            if batch is None:
+                break
+            want = self.actor.updates % LOSS_EVERY == 0
+            metrics = self.actor.update(batch, want_metrics=want)
+            if want:
+                self.losses = metrics
+            if self.actor.updates % lc.sync_every == 0:
+                self.send_sync(to_critic)
+            if time.monotonic() - last_publish >= lc.publish_interval:
+                self.publish_actor(to_samplers, self.actor)
+                last_publish = time.monotonic()
+            lag = self.actor.updates * self.actor.policy_delay - self.critic_updates
+            self.tick(self.actor.updates, {"critic_lag": lag, "critic_updates_seen": self.critic_updates})
+        self.publish_actor(to_samplers, self.actor)
+
+    def send_sync(self, pub: Any) -> None:
+        self.publish_actor(pub, self.actor, "actor")
+        if self.actor.target_actor_state() is not None:
+            self.publish_actor(pub, self.actor, "actor_target")
+
+    def state(self) -> dict[str, Any]:
+        return {"actor": self.actor.save(), "updates": self.actor.updates,
+                "env_steps": self.batches.inserted, "config": to_dict(self.cfg)}

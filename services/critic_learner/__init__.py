@@ -1,0 +1,1 @@
+"""Critic-learner: owns the twin critics and their targets; follows the actor-learner's actor."""

@@ -1,0 +1,70 @@
+"""Critic-learner: TD updates of the twin critics against the newest (target) actor copy.
+
+It never runs more than `max_lag` critic updates ahead of the actor it uses (policy lag,
+measured in critic updates and published); every `sync_every` updates it sends the
+critics to the actor-learner.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import zmq
+
+from common.config import to_dict
+from common.weights import WeightsFollower, WeightsPublisher, dense_message, to_state
+from services.learner.base import LOSS_EVERY, LearnerBase
+from proto.messages import Weights
+
+WAIT_MS = 20  # poll granularity while waiting for actor weights
+
+
+class CriticLearner(LearnerBase):
+    ROLE = "critic_learner"
+
+    def counters(self) -> dict[str, Any]:
+        return {"updates": self.critic.updates if hasattr(self, "critic") else 0}
+
+    async def serve(self) -> None:
+        lc = self.cfg.learner
+        _, self.critic = self.setup(lc.critic_device, shared=False)
+        to_actor = self.publisher("critic_sync")
+        actors = WeightsFollower(self.channel("weights", binding=False, name="actor_sync"))
+        self.actor_updates, self.delay = 0, self.cfg.td3.policy_delay if self.cfg.algo == "td3" else 1
+        latest: dict[str, Weights] = {}
+        self.send_sync(to_actor)
+        while self.running:
+            newest = actors.poll()
+            if newest:
+                latest.update(newest)
+                self.take_actor(latest)
+            if self.critic.updates - self.actor_updates * self.delay > lc.max_lag:
+                await actors.channel.sock.poll(WAIT_MS, zmq.POLLIN)
+                continue
+            batch = await self.batches.next(self.stopping)
+            if batch is None:
+                break
+            want = self.critic.updates % LOSS_EVERY == 0
+            metrics = self.critic.update(batch, want_metrics=want)
+            if want:
+                self.losses = metrics
+            if self.critic.updates % lc.sync_every == 0:
+                self.send_sync(to_actor)
+            lag = self.critic.updates - self.actor_updates * self.delay
+            self.tick(self.critic.updates, {"policy_lag": lag})
+
+    def take_actor(self, latest: dict[str, Weights]) -> None:
+        actor = latest.get("actor")
+        if actor is None:
+            return
+        target = latest.get("actor_target")
+        self.critic.load_actor(to_state(actor), to_state(target) if target else None, actor.extras)
+        self.actor_updates = actor.updates
+
+    def send_sync(self, pub: WeightsPublisher) -> None:
+        pub.publish(dense_message("critic", self.critic.updates, self.critic.updates,
+                                  self.critic.critic_state()))
+
+    def state(self) -> dict[str, Any]:
+        return {"critic": self.critic.save(), "updates": self.critic.updates,
+                "env_steps": self.batches.inserted, "config": to_dict(self.cfg)}

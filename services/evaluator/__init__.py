@@ -1,0 +1,1 @@
+"""Evaluator: deterministic episodes of the newest actor, results and checkpoints."""

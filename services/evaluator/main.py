@@ -1,0 +1,115 @@
+"""Evaluator: follow actor versions, evaluate every M updates or T seconds, checkpoint.
+
+Results go out on the metrics bus (EvalResult). After each evaluation it writes
+checkpoints/latest.pt, and checkpoints/best.pt when the return is the best so far; each
+holds the evaluated actor, the learners' newest full states (optimizers, temperature,
+counters), the eval record and the config, written atomically (temp file + rename).
+On shutdown it evaluates the newest actor once more if that version is not evaluated yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from common.config import to_dict
+from common.evaluation import run_episodes
+from common.envs import make_env
+from common.learner_io import atomic_save, checkpoint_dir
+from common.numpy_policy import NumpyActor
+from common.service import Service
+from common.weights import WeightsFollower, to_state
+from proto.messages import EvalResult, Weights
+
+log = logging.getLogger(__name__)
+
+LEARNER_FILES = ("learner.pt", "actor_learner.pt", "critic_learner.pt")
+POLL_S = 0.1  # seconds between checks for new weights
+
+
+class Evaluator(Service):
+    ROLE = "evaluator"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.env = make_env(self.cfg.env, seed=self.cfg.seed + 10_000)
+        self.newest: Weights | None = None
+        self.evaluated_version = -1
+        self.last_eval_updates = 0
+        self.last_eval_time = time.monotonic()
+        self.best = -np.inf
+        self.evaluations = 0
+        self.started_wall = time.time()
+
+    def counters(self) -> dict[str, Any]:
+        return {"evaluations": self.evaluations, "best": float(self.best)}
+
+    async def serve(self) -> None:
+        follower = WeightsFollower(self.channel("weights", binding=False, name="actor_weights"))
+        while self.running:
+            got = follower.poll().get("actor")
+            if got is not None:
+                self.newest = got
+            if self.due():
+                await self.evaluate()
+            await asyncio.sleep(POLL_S)
+
+    def due(self) -> bool:
+        if self.newest is None or self.newest.version == self.evaluated_version:
+            return False
+        ec = self.cfg.eval
+        by_updates = ec.every_updates > 0 and self.newest.updates - self.last_eval_updates >= ec.every_updates
+        by_time = ec.every_seconds > 0 and time.monotonic() - self.last_eval_time >= ec.every_seconds
+        return by_updates or by_time
+
+    async def evaluate(self) -> EvalResult | None:
+        msg = self.newest
+        if msg is None:
+            return None
+        state = to_state(msg)
+        space = self.env.action_space
+        actor = NumpyActor(state, self.cfg.algo, space.low, space.high)
+        returns, lengths = run_episodes(self.env, actor, self.cfg.eval.episodes)
+        result = EvalResult(actor_version=msg.version, env_steps=int(msg.extras.get("env_steps", 0)),
+                            updates=msg.updates, return_mean=float(np.mean(returns)),
+                            return_std=float(np.std(returns)), length_mean=float(np.mean(lengths)),
+                            episodes=len(returns), returns=[float(r) for r in returns])
+        await self.metrics_out.send(result)
+        self.evaluated_version, self.last_eval_updates = msg.version, msg.updates
+        self.last_eval_time = time.monotonic()
+        self.evaluations += 1
+        self.save(state, result)
+        return result
+
+    def save(self, state: dict[str, np.ndarray], result: EvalResult) -> None:
+        ckpt = checkpoint_dir(self.cfg.run_dir)
+        payload = {"actor": {k: torch.from_numpy(np.array(v)) for k, v in state.items()},
+                   "eval": {"return_mean": result.return_mean, "return_std": result.return_std,
+                            "env_steps": result.env_steps, "updates": result.updates,
+                            "actor_version": result.actor_version},
+                   "learners": self.learner_states(), "config": to_dict(self.cfg)}
+        atomic_save(payload, ckpt / "latest.pt")
+        if result.return_mean > self.best:
+            self.best = result.return_mean
+            atomic_save(payload, ckpt / "best.pt")
+
+    def learner_states(self) -> dict[str, Any]:
+        out = {}
+        for name in LEARNER_FILES:
+            path = checkpoint_dir(self.cfg.run_dir) / name
+            if path.exists():
+                try:
+                    out[name.removesuffix(".pt")] = torch.load(path, weights_only=False)
+                except Exception as exc:  # a learner may be replacing it right now
+                    log.warning("could not read %s for the checkpoint: %s", path, exc)
+        return out
+
+    async def close(self) -> None:
+        if self.newest is not None and self.newest.version != self.evaluated_version:
+            await self.evaluate()
+        self.env.close()

@@ -1,0 +1,1 @@
+"""Learner services: fused (both parts, one process) and the shared learner base."""

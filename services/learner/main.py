@@ -1,0 +1,46 @@
+"""Fused learner: actor and critics in one process sharing modules (standard TD3/SAC).
+
+The swap for hosts with one device, and the correctness reference for the split pair.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from common.algorithms import fused_step
+from common.config import to_dict
+from services.learner.base import LOSS_EVERY, LearnerBase
+
+
+class Learner(LearnerBase):
+    ROLE = "learner"
+
+    def counters(self) -> dict[str, Any]:
+        return {"updates": getattr(self, "updates", 0)}
+
+    async def serve(self) -> None:
+        self.actor, self.critic = self.setup(self.cfg.learner.actor_device, shared=True)
+        pub = self.publisher("actor_weights")
+        self.updates = 0
+        self.publish_actor(pub, self.actor)
+        last_publish = time.monotonic()
+        interval = self.cfg.learner.publish_interval
+        while self.running:
+            batch = await self.batches.next(self.stopping)
+            if batch is None:
+                break
+            want = self.updates % LOSS_EVERY == 0
+            metrics = fused_step(self.actor, self.critic, batch, want_metrics=want)
+            self.updates += 1
+            if want:
+                self.losses = metrics
+            if time.monotonic() - last_publish >= interval:
+                self.publish_actor(pub, self.actor)
+                last_publish = time.monotonic()
+            self.tick(self.updates, {"policy_lag": 0})
+        self.publish_actor(pub, self.actor)
+
+    def state(self) -> dict[str, Any]:
+        return {"actor": self.actor.save(), "critic": self.critic.save(), "updates": self.updates,
+                "env_steps": self.batches.inserted, "config": to_dict(self.cfg)}

@@ -1,0 +1,1 @@
+"""Replay service: the authoritative transition store, rate-limited sampling for learners."""

@@ -1,0 +1,1 @@
+"""Sampler service: steps vectorized environments and pushes Experience to replay."""

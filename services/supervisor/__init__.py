@@ -1,0 +1,1 @@
+"""Supervisor: starts, watches, restarts and stops the services of a run."""

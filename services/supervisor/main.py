@@ -1,0 +1,262 @@
+"""Supervisor (local mode): start every service, watch it, restart it, stop at the budget.
+
+Reads top to bottom: `run()` binds the hub sockets, starts the children, then runs four
+loops until the budget is spent or a signal arrives: control (registrations and
+heartbeats), metrics (metrics.jsonl), watch (crashes, silence, restarts) and progress
+(the console line). `shutdown()` stops data producers first, then the rest, so the
+evaluator's last result and the learners' final checkpoints make it to disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from common.codec import Encoder
+from common.config import Config, to_dict
+from common.errors import SpreezeError
+from common.transport import Channel, ipc_endpoint, make_ipc_dir
+from proto.messages import Control, ControlReply, Event, Heartbeat, Register, Welcome
+from services.supervisor.processes import Child, RestartPolicy, ServiceSpec, spawn, terminate
+from services.supervisor.progress import Progress
+
+log = logging.getLogger(__name__)
+
+ENDPOINT_NAMES = ("control", "metrics_in", "metrics_out", "experience", "sample",
+                  "actor_weights", "actor_sync", "critic_sync")
+WATCH_EVERY = 0.2  # seconds between liveness checks
+STOP_GRACE = 20.0  # seconds a service has to exit after a shutdown command
+PROXY_HWM = 10_000  # metrics messages queued in the proxy before it drops (PUB semantics)
+
+
+class RunFailed(SpreezeError):
+    """A service kept crashing, or could not start: the run stopped."""
+
+
+def roster(cfg: Config) -> list[ServiceSpec]:
+    """The services of a local run, in start order."""
+    threads = cfg.learner.threads
+    specs = [ServiceSpec("replay", "replay", "services.replay")]
+    if cfg.learner.mode == "fused":
+        specs.append(ServiceSpec("learner", "learner", "services.learner", threads))
+    else:
+        specs += [ServiceSpec("critic_learner", "critic_learner", "services.critic_learner", threads),
+                  ServiceSpec("actor_learner", "actor_learner", "services.actor_learner", threads)]
+    specs.append(ServiceSpec("evaluator", "evaluator", "services.evaluator"))
+    specs += [ServiceSpec(f"sampler-{i}", "sampler", "services.sampler")
+              for i in range(cfg.sampler.num_samplers)]
+    return specs
+
+
+class Supervisor:
+    def __init__(self, cfg: Config, quiet: bool = False) -> None:
+        self.cfg, self.quiet = cfg, quiet
+        self.run_dir = Path(cfg.run_dir)
+        self.sock_dir = make_ipc_dir()
+        self.endpoints = {name: ipc_endpoint(self.sock_dir, name) for name in ENDPOINT_NAMES}
+        self.children = {spec.service_id: Child(spec) for spec in roster(cfg)}
+        sc = cfg.supervisor
+        self.policy = RestartPolicy(sc.max_restarts, sc.restart_window, sc.backoff)
+        self.stop_reason = ""
+        self.failure: str | None = None
+        self.done = asyncio.Event()
+        self.encoder = Encoder("supervisor")
+        self.next_request = 0
+
+    # ------------------------------------------------------------------ main
+    async def run(self) -> int:
+        """Train until the budget is spent; 0 on success, 1 when the run failed."""
+        self.ctx = zmq.asyncio.Context()
+        self.control = Channel(self.ctx, "control", self.endpoints["control"], binding=True, encoder=self.encoder)
+        self.metrics = Channel(self.ctx, "metrics_out", self.endpoints["metrics_out"], binding=False,
+                               encoder=self.encoder)
+        self.events = Channel(self.ctx, "metrics_in", self.endpoints["metrics_in"], binding=False,
+                              encoder=self.encoder)
+        self.progress = Progress(self.run_dir / "metrics.jsonl", self.cfg.total_steps, self.cfg.time_limit)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self.stop, f"signal {signal.Signals(sig).name}")
+        for child in self.children.values():
+            self.start(child)
+        tasks = [asyncio.create_task(c) for c in (self.metrics_proxy(), self.control_loop(), self.metrics_loop(),
+                                                   self.watch_loop(), self.progress_loop())]
+        await self.done.wait()
+        await self.shutdown()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self.say(self.progress.line())
+        self.say(f"stopped: {self.stop_reason}")
+        self.progress.close()
+        self.ctx.destroy(linger=0)
+        shutil.rmtree(self.sock_dir, ignore_errors=True)
+        return 1 if self.failure else 0
+
+    def stop(self, reason: str, failure: bool = False) -> None:
+        if not self.done.is_set():
+            self.stop_reason = reason
+            if failure:
+                self.failure = reason
+            self.done.set()
+
+    def say(self, text: str) -> None:
+        if not self.quiet:
+            print(text, flush=True)
+        log.info(text)
+
+    async def metrics_proxy(self) -> None:
+        """XSUB (services publish in) <-> XPUB (visualizer, supervisor subscribe out):
+        messages flow out unparsed, subscriptions flow in."""
+        xsub, xpub = self.ctx.socket(zmq.XSUB), self.ctx.socket(zmq.XPUB)
+        for sock, name in ((xsub, "metrics_in"), (xpub, "metrics_out")):
+            sock.setsockopt(zmq.SNDHWM, PROXY_HWM)
+            sock.setsockopt(zmq.RCVHWM, PROXY_HWM)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.bind(self.endpoints[name])
+        poller = zmq.asyncio.Poller()
+        poller.register(xsub, zmq.POLLIN)
+        poller.register(xpub, zmq.POLLIN)
+        try:
+            while True:
+                events = dict(await poller.poll())
+                if xsub in events:
+                    await xpub.send_multipart(await xsub.recv_multipart(copy=False), copy=False)
+                if xpub in events:
+                    await xsub.send_multipart(await xpub.recv_multipart())
+        finally:
+            xsub.close()
+            xpub.close()
+
+    # ------------------------------------------------------------------ children
+    def start(self, child: Child) -> None:
+        child.proc = spawn(child.spec, self.endpoints["control"], self.run_dir / "logs", {})
+        child.started, child.registered, child.state, child.restart_at = time.monotonic(), False, "starting", 0.0
+        log.info("started %s (pid %d)", child.spec.service_id, child.proc.pid)
+
+    def crashed(self, child: Child, why: str) -> None:
+        """Schedule a restart with backoff, or stop the run after too many."""
+        if child.alive:
+            child.proc.kill()  # type: ignore[union-attr]
+            child.proc.wait()  # type: ignore[union-attr]
+        now = time.monotonic()
+        delay = self.policy.next_delay(child, now)
+        sid = child.spec.service_id
+        if delay is None:
+            self.emit("give_up", f"{sid} failed {self.policy.max_restarts} times within "
+                                 f"{self.policy.window:.0f}s; last: {why}", {"service": sid})
+            self.stop(f"{sid} keeps failing ({why}); see {self.run_dir / 'logs' / (sid + '.log')}",
+                      failure=True)
+            return
+        child.restarts.append(now)
+        child.total_restarts += 1
+        child.restart_at, child.state = now + delay, "restarting"
+        self.emit("restart", f"{sid} {why}; restarting in {delay:.1f}s", {"service": sid, "delay": delay})
+
+    def emit(self, kind: str, reason: str, data: dict[str, Any]) -> None:
+        self.say(f"event {kind}: {reason}")
+        self.events.send_nowait(Event(kind, reason, data))  # comes back through the proxy to jsonl
+
+    # ------------------------------------------------------------------ loops
+    async def control_loop(self) -> None:
+        while True:
+            peer, msg = await self.control.recv()
+            sid = peer.decode(errors="replace") if peer else ""
+            child = self.children.get(sid)
+            if isinstance(msg, Register):
+                await self.welcome(peer, sid, msg)  # type: ignore[arg-type]
+            elif isinstance(msg, Heartbeat) and child is not None:
+                child.last_heartbeat, child.state, child.counters = time.monotonic(), msg.state, msg.counters
+            elif isinstance(msg, ControlReply) and not msg.ok:
+                log.warning("%s refused control request %d: %s", sid, msg.request_id, msg.detail)
+
+    async def welcome(self, peer: bytes, sid: str, msg: Register) -> None:
+        child = self.children.get(sid)
+        if child is None:
+            log.warning("registration from unknown service %r (role %s, pid %d) ignored", sid, msg.role, msg.pid)
+            return
+        child.registered, child.last_heartbeat, child.state = True, time.monotonic(), "running"
+        await self.control.send(Welcome(sid, self.endpoints, to_dict(self.cfg),
+                                        self.cfg.supervisor.heartbeat_interval), to=peer)
+
+    async def metrics_loop(self) -> None:
+        while True:
+            for _, msg in await self.metrics.recv_many(256):
+                self.progress.take(msg)
+            if self.progress.env_steps >= self.cfg.total_steps:
+                self.stop(f"budget of {self.cfg.total_steps:,} env steps reached")
+
+    async def watch_loop(self) -> None:
+        sc = self.cfg.supervisor
+        silence = sc.liveness * sc.heartbeat_interval
+        while True:
+            await asyncio.sleep(WATCH_EVERY)
+            now = time.monotonic()
+            for child in self.children.values():
+                self.check(child, now, silence)
+            if self.cfg.time_limit and self.progress.elapsed >= self.cfg.time_limit:
+                self.stop(f"time limit of {self.cfg.time_limit:.0f}s reached")
+            await self.ping_all()
+
+    def check(self, child: Child, now: float, silence: float) -> None:
+        if child.restart_at:
+            if now >= child.restart_at and not self.done.is_set():
+                self.start(child)
+            return
+        if not child.alive:
+            self.crashed(child, f"exited with code {child.proc.returncode}")  # type: ignore[union-attr]
+        elif not child.registered and now - child.started > self.cfg.supervisor.start_timeout:
+            self.crashed(child, f"did not register within {self.cfg.supervisor.start_timeout:.0f}s")
+        elif child.registered and now - child.last_heartbeat > silence:
+            self.crashed(child, f"sent no heartbeat for {silence:.1f}s")
+
+    async def ping_all(self) -> None:
+        """Supervisor heartbeat: lets services notice a dead supervisor and exit."""
+        if not hasattr(self, "_last_ping") or time.monotonic() - self._last_ping >= self.cfg.supervisor.heartbeat_interval:
+            self._last_ping = time.monotonic()
+            for child in self.children.values():
+                if child.registered and child.alive:
+                    await self.command(child, "ping")
+
+    async def command(self, child: Child, command: str, key: str = "", value: Any = None) -> None:
+        self.next_request += 1
+        self.control.send_nowait(Control(command, self.next_request, key, value),
+                                 to=child.spec.service_id.encode())
+
+    async def progress_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.supervisor.progress_every)
+            self.say(self.progress.line())
+
+    # ------------------------------------------------------------------ shutdown
+    async def shutdown(self) -> None:
+        """Producers first (samplers, learners), then evaluator and replay."""
+        first = [c for c in self.children.values() if c.spec.role not in ("evaluator", "replay")]
+        last = [c for c in self.children.values() if c.spec.role in ("evaluator", "replay")]
+        for group in (first, last):
+            for child in group:
+                child.restart_at = 0.0
+                if child.alive and child.registered:
+                    await self.command(child, "shutdown")
+            await self._wait_exit(group, STOP_GRACE)
+            terminate(group, timeout=5.0)
+        await self._drain_metrics(0.5)
+
+    async def _wait_exit(self, group: list[Child], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while any(c.alive for c in group) and time.monotonic() < deadline:
+            await self._drain_metrics(0.1)
+
+    async def _drain_metrics(self, seconds: float) -> None:
+        try:
+            for _, msg in await self.metrics.recv_many(1024, timeout=seconds):
+                self.progress.take(msg)
+        except SpreezeError:
+            pass

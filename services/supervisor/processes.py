@@ -1,0 +1,86 @@
+"""Child processes of a local run, and the restart policy with backoff."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class ServiceSpec:
+    """One service of the run: its id, role, module and process environment."""
+
+    service_id: str
+    role: str
+    module: str  # run as `python -m <module>`
+    threads: int = 1  # OMP/MKL threads for this process
+
+
+@dataclass
+class Child:
+    """A service process and what the supervisor knows of it."""
+
+    spec: ServiceSpec
+    proc: subprocess.Popen[bytes] | None = None
+    started: float = 0.0
+    registered: bool = False
+    last_heartbeat: float = 0.0
+    state: str = "starting"
+    counters: dict = field(default_factory=dict)
+    restarts: deque[float] = field(default_factory=deque)  # restart times within the window
+    total_restarts: int = 0
+    restart_at: float = 0.0  # when a pending restart is due (0 = none pending)
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+def spawn(spec: ServiceSpec, control: str, log_dir: Path, extra_env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """Start one service as `python -m module` in its own session, logging to a file."""
+    env = dict(os.environ)
+    env.update(extra_env)
+    env.update({"SPREEZE_CONTROL": control, "SPREEZE_SERVICE_ID": spec.service_id,
+                "OMP_NUM_THREADS": str(spec.threads), "MKL_NUM_THREADS": str(spec.threads)})
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with open(log_dir / f"{spec.service_id}.log", "ab") as log:
+        return subprocess.Popen([sys.executable, "-m", spec.module], env=env, stdout=log,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)  # Ctrl-C reaches the supervisor only
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    max_restarts: int  # restarts allowed within `window` seconds
+    window: float
+    backoff: float  # first delay, doubled per restart in the window
+
+    def next_delay(self, child: Child, now: float) -> float | None:
+        """Seconds to wait before restarting, or None to give up."""
+        while child.restarts and now - child.restarts[0] > self.window:
+            child.restarts.popleft()
+        if len(child.restarts) >= self.max_restarts:
+            return None
+        return self.backoff * (2 ** len(child.restarts))
+
+
+def terminate(children: list[Child], timeout: float) -> None:
+    """SIGTERM, wait up to `timeout`, then SIGKILL whatever is left."""
+    for child in children:
+        if child.alive:
+            child.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+    deadline = time.monotonic() + timeout
+    for child in children:
+        if child.proc is None:
+            continue
+        try:
+            child.proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            child.proc.kill()
+            child.proc.wait()

@@ -1,0 +1,104 @@
+"""Run-wide numbers from the metrics bus: metrics.jsonl and the console progress line."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import IO, Any
+
+from proto.messages import EvalResult, Event, Message, Metrics
+
+LEARNER_ROLES = ("learner", "critic_learner", "actor_learner")
+
+
+class Progress:
+    """Keeps the newest metrics per service and writes every record to metrics.jsonl."""
+
+    def __init__(self, path: Path, total_steps: int, time_limit: float) -> None:
+        self.file: IO[str] = open(path, "a", buffering=1)
+        self.start = time.monotonic()
+        self.total_steps, self.time_limit = total_steps, time_limit
+        self.latest: dict[str, dict[str, Any]] = {}
+        self.last_eval: EvalResult | None = None
+        self.evals: list[EvalResult] = []
+        self._window = (self.start, 0, 0)  # (time, env_steps, updates) at the last line
+
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    def record(self, kind: str, values: dict[str, Any]) -> None:
+        self.file.write(json.dumps({"kind": kind, "wall_time": round(self.elapsed, 3), **values}) + "\n")
+
+    def take(self, msg: Message) -> None:
+        if isinstance(msg, Metrics):
+            self.latest[msg.service] = msg.values
+            self.record("metrics", {"service": msg.service, **msg.values})
+        elif isinstance(msg, EvalResult):
+            self.last_eval = msg
+            self.evals.append(msg)
+            self.record("eval", {"env_steps": msg.env_steps, "updates": msg.updates,
+                                 "return_mean": msg.return_mean, "return_std": msg.return_std,
+                                 "length_mean": msg.length_mean, "episodes": msg.episodes,
+                                 "actor_version": msg.actor_version})
+        elif isinstance(msg, Event):
+            self.record("event", {"event": msg.kind, "reason": msg.reason, **msg.data})
+
+    # ------------------------------------------------------------ aggregates
+    def _by_role(self, role: str) -> list[dict[str, Any]]:
+        return [v for k, v in self.latest.items() if k == role or k.startswith(role + "-")]
+
+    @property
+    def env_steps(self) -> int:
+        return max((int(v.get("inserted", 0)) for v in self._by_role("replay")), default=0)
+
+    @property
+    def updates(self) -> int:
+        for role in ("learner", "critic_learner"):
+            found = self._by_role(role)
+            if found:
+                return int(found[0].get("updates", 0))
+        return 0
+
+    def sum_of(self, key: str, roles: tuple[str, ...]) -> float:
+        return sum(float(v.get(key, 0.0)) for r in roles for v in self._by_role(r))
+
+    def summary(self) -> dict[str, Any]:
+        """Numbers of the progress line (rates over the time since the previous call)."""
+        now, steps, updates = time.monotonic(), self.env_steps, self.updates
+        t0, s0, u0 = self._window
+        self._window = (now, steps, updates)
+        dt = max(now - t0, 1e-9)
+        out: dict[str, Any] = {
+            "env_steps": steps, "updates": updates, "sampling_hz": (steps - s0) / dt,
+            "update_frame_rate": self.sum_of("update_frame_rate", LEARNER_ROLES),
+            "update_to_data": (updates - u0) / (steps - s0) if steps > s0 else 0.0,
+            "elapsed": self.elapsed,
+        }
+        if self.last_eval is not None:
+            out["eval_return"] = self.last_eval.return_mean
+            out["eval_env_steps"] = self.last_eval.env_steps
+        out["remaining"] = self.remaining(out["sampling_hz"])
+        return out
+
+    def remaining(self, step_rate: float) -> float | None:
+        left = []
+        if step_rate > 0:
+            left.append(max(self.total_steps - self.env_steps, 0) / step_rate)
+        if self.time_limit > 0:
+            left.append(max(self.time_limit - self.elapsed, 0.0))
+        return min(left) if left else None
+
+    def line(self) -> str:
+        s = self.summary()
+        self.record("progress", s)
+        ev = (f"{s['eval_return']:.0f} @{s['eval_env_steps'] / 1000:.0f}k" if "eval_return" in s else "-")
+        rem = "?" if s["remaining"] is None else f"{s['remaining']:.0f}s"
+        return (f"[{s['elapsed']:6.0f}s] steps {s['env_steps']:,}/{self.total_steps:,} | "
+                f"updates {s['updates']:,} | sampling {s['sampling_hz']:,.0f} Hz | "
+                f"update {s['update_frame_rate'] / 1000:,.1f}k fr/s | utd {s['update_to_data']:.2f} | "
+                f"eval {ev} | left {rem}")
+
+    def close(self) -> None:
+        self.file.close()

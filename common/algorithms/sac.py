@@ -1,0 +1,201 @@
+"""SAC (Haarnoja et al. 2018, with temperature auto-tuning) split into two parts.
+
+Schedule: one actor (+ temperature) step per critic step (``policy_delay = 1``); critic
+targets are Polyak-updated after every critic step. The critic part computes TD targets
+with the *online* actor and the current temperature, which it gets via ``load_actor``
+(``extras`` carries ``alpha`` and ``log_alpha``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from common.algorithms.base import (Batch, State, adam, check, check_hidden,
+                                    load_module_state, module_snapshot, module_state,
+                                    optimizer_state, params, polyak, scalars)
+from common.networks import GaussianActor, TwinCritic
+
+
+@dataclass(frozen=True)
+class SACConfig:
+    """SAC hyperparameters (defaults: SAC v2 / softlearning, CleanRL)."""
+
+    hidden: tuple[int, ...] = (256, 256)  # MLP hidden sizes of the actor and both critics
+    actor_lr: float = 3e-4  # Adam learning rate of the actor
+    critic_lr: float = 3e-4  # Adam learning rate of the twin critics
+    alpha_lr: float = 3e-4  # Adam learning rate of log(alpha) when autotune
+    gamma: float = 0.99  # discount factor
+    tau: float = 0.005  # Polyak rate of the critic targets
+    init_alpha: float = 1.0  # initial temperature, as softlearning/CleanRL/SB3; ~0.2 if no autotune
+    autotune: bool = True  # learn alpha to hold the policy entropy at target_entropy
+    target_entropy: float | None = None  # None means -act_dim
+    log_std_min: float = -5.0  # lower bound of the pre-squash log std
+    log_std_max: float = 2.0  # upper bound of the pre-squash log std
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the first bad field."""
+        check_hidden("sac.hidden", self.hidden)
+        for name in ("actor_lr", "critic_lr", "alpha_lr", "init_alpha"):
+            value = getattr(self, name)
+            check(value > 0, f"sac.{name}", value, "must be > 0")
+        check(0 <= self.gamma <= 1, "sac.gamma", self.gamma, "must be in [0, 1]")
+        check(0 < self.tau <= 1, "sac.tau", self.tau, "must be in (0, 1]")
+        check(self.target_entropy is None or math.isfinite(self.target_entropy),
+              "sac.target_entropy", self.target_entropy, "must be a finite float or None")
+        check(self.log_std_min < self.log_std_max, "sac.log_std_min", self.log_std_min,
+              f"must be < sac.log_std_max={self.log_std_max}")
+
+
+class SACActorPart:
+    """Gaussian actor, temperature ``log_alpha`` and (a copy of, unless shared) the critics.
+
+    With ``shared=True`` the critic *is* the critic part's module; ``load_critic`` is a no-op.
+    """
+
+    def __init__(self, actor: GaussianActor, critic: TwinCritic, log_alpha: torch.Tensor,
+                 cfg: SACConfig, shared: bool, generator: torch.Generator,
+                 target_entropy: float) -> None:
+        self.actor, self.critic, self.log_alpha = actor, critic, log_alpha
+        self.cfg, self.shared, self.generator = cfg, shared, generator
+        self.target_entropy = target_entropy
+        self.policy_delay = 1
+        self.updates = 0
+        self._params = params(actor)
+        self.opt = adam(self._params, cfg.actor_lr, 0.0)
+        self.alpha_opt = adam([log_alpha], cfg.alpha_lr, 0.0) if cfg.autotune else None
+
+    def update(self, batch: Batch, want_metrics: bool = True) -> dict[str, float]:
+        """One actor step on E[alpha*logp - min Q], then one temperature step if autotune."""
+        obs = batch["obs"]
+        alpha = self.log_alpha.detach().exp()
+        action, logp = self.actor(obs, generator=self.generator)
+        q1, q2 = self.critic(obs, action)
+        loss = (alpha * logp - torch.minimum(q1, q2)).mean()
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward(inputs=self._params)  # no gradients into the critic's weights
+        self.opt.step()
+        metrics = [("actor_loss", loss), ("alpha", alpha), ("entropy", -logp.detach().mean())]
+        if self.alpha_opt is not None:
+            alpha_loss = -(self.log_alpha * (logp.detach() + self.target_entropy)).mean()
+            self.alpha_opt.zero_grad(set_to_none=True)
+            alpha_loss.backward()
+            self.alpha_opt.step()
+            metrics.append(("alpha_loss", alpha_loss))
+        self.updates += 1
+        return scalars(metrics) if want_metrics else {}
+
+    def actor_state(self) -> State:
+        return module_state(self.actor)
+
+    def target_actor_state(self) -> State | None:
+        return None
+
+    def extras(self) -> dict[str, float]:
+        """``alpha`` and the exact ``log_alpha`` (so a peer reproduces alpha bit for bit)."""
+        la = self.log_alpha.detach()
+        return scalars([("alpha", la.exp()), ("log_alpha", la)])
+
+    def load_critic(self, state: State) -> None:
+        if not self.shared:
+            load_module_state(self.critic, state)
+
+    def save(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"actor": module_snapshot(self.actor), "updates": self.updates,
+                             "log_alpha": self.log_alpha.detach().clone(),
+                             "opt": optimizer_state(self.opt),
+                             "generator": self.generator.get_state()}
+        if self.alpha_opt is not None:
+            d["alpha_opt"] = optimizer_state(self.alpha_opt)
+        if not self.shared:
+            d["critic"] = module_snapshot(self.critic)
+        return d
+
+    def load(self, d: dict[str, Any]) -> None:
+        self.actor.load_state_dict(d["actor"])
+        with torch.no_grad():
+            self.log_alpha.copy_(d["log_alpha"])
+        self.opt.load_state_dict(d["opt"])
+        if self.alpha_opt is not None:
+            self.alpha_opt.load_state_dict(d["alpha_opt"])
+        self.generator.set_state(d["generator"])
+        self.updates = int(d["updates"])
+        if not self.shared:
+            self.critic.load_state_dict(d["critic"])
+
+
+class SACCriticPart:
+    """Twin critics, their targets, and (copies of, unless shared) the actor and log_alpha.
+
+    With ``shared=True`` actor and ``log_alpha`` are the actor part's; ``load_actor`` is a no-op.
+    """
+
+    def __init__(self, critic: TwinCritic, critic_target: TwinCritic, actor: GaussianActor,
+                 log_alpha: torch.Tensor, cfg: SACConfig, shared: bool,
+                 generator: torch.Generator) -> None:
+        self.critic, self.critic_target, self.actor = critic, critic_target, actor
+        self.log_alpha = log_alpha
+        self.cfg, self.shared, self.generator = cfg, shared, generator
+        self.updates = 0
+        self._params = params(critic)
+        self._target_params = params(critic_target)
+        self.opt = adam(self._params, cfg.critic_lr, 0.0)
+
+    def td_target(self, batch: Batch) -> torch.Tensor:
+        """r + gamma * (1 - done) * (min(Q1', Q2')(s', a') - alpha * log pi(a'|s')), a' ~ pi."""
+        with torch.no_grad():
+            next_obs = batch["next_obs"]
+            next_a, next_logp = self.actor(next_obs, generator=self.generator)
+            tq1, tq2 = self.critic_target(next_obs, next_a)
+            v = torch.minimum(tq1, tq2) - self.log_alpha.exp() * next_logp
+            return torch.addcmul(batch["reward"], 1.0 - batch["done"], v, value=self.cfg.gamma)
+
+    def update(self, batch: Batch, want_metrics: bool = True) -> dict[str, float]:
+        """One critic step, then Polyak the critic targets."""
+        y = self.td_target(batch)
+        q1, q2 = self.critic(batch["obs"], batch["action"])
+        loss = F.mse_loss(q1, y) + F.mse_loss(q2, y)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        self.opt.step()
+        polyak(self._target_params, self._params, self.cfg.tau)
+        self.updates += 1
+        return scalars([("critic_loss", loss), ("q_mean", q1.mean())]) if want_metrics else {}
+
+    def critic_state(self) -> State:
+        return module_state(self.critic)
+
+    def load_actor(self, state: State, target: State | None, extras: Mapping[str, float]) -> None:
+        """Copy the online actor and the temperature (``log_alpha``, else log of ``alpha``)."""
+        if self.shared:
+            return
+        load_module_state(self.actor, state)
+        la = extras["log_alpha"] if "log_alpha" in extras else math.log(extras["alpha"])
+        with torch.no_grad():
+            self.log_alpha.fill_(la)
+
+    def save(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"critic": module_snapshot(self.critic), "updates": self.updates,
+                             "critic_target": module_snapshot(self.critic_target),
+                             "opt": optimizer_state(self.opt),
+                             "generator": self.generator.get_state()}
+        if not self.shared:
+            d["actor"] = module_snapshot(self.actor)
+            d["log_alpha"] = self.log_alpha.detach().clone()
+        return d
+
+    def load(self, d: dict[str, Any]) -> None:
+        self.critic.load_state_dict(d["critic"])
+        self.critic_target.load_state_dict(d["critic_target"])
+        self.opt.load_state_dict(d["opt"])
+        self.generator.set_state(d["generator"])
+        self.updates = int(d["updates"])
+        if not self.shared:
+            self.actor.load_state_dict(d["actor"])
+            with torch.no_grad():
+                self.log_alpha.copy_(d["log_alpha"])

@@ -1,0 +1,187 @@
+"""TD3 (Fujimoto et al. 2018) split into an actor part and a critic part.
+
+Target schedule (original TD3): the critic steps every update; every ``policy_delay``
+critic updates the actor steps and *all* targets are Polyak-updated. The critic part
+counts its own updates and Polyak-updates the critic targets on every ``policy_delay``-th
+one; :meth:`TD3ActorPart.update` Polyak-updates the target actor after each actor step.
+With :func:`~common.algorithms.base.fused_step` this is exactly the reference algorithm.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from common.algorithms.base import (Batch, State, adam, check, check_hidden,
+                                    load_module_state, module_snapshot, module_state,
+                                    optimizer_state, params, polyak, scalars)
+from common.networks import DeterministicActor, TwinCritic
+
+
+@dataclass(frozen=True)
+class TD3Config:
+    """TD3 hyperparameters (defaults: the TD3 paper / DS-TD3 paper)."""
+
+    hidden: tuple[int, ...] = (256, 256)  # MLP hidden sizes of the actor and both critics
+    actor_lr: float = 1e-3  # Adam learning rate of the actor
+    critic_lr: float = 1e-3  # Adam learning rate of the twin critics
+    weight_decay: float = 0.0  # Adam (L2) weight decay; the DS-TD3 paper used 2e-4
+    gamma: float = 0.99  # discount factor
+    tau: float = 0.005  # Polyak rate of the target networks
+    policy_noise: float = 0.2  # std of target policy smoothing noise, in half action ranges
+    noise_clip: float = 0.5  # clip of that noise, in half action ranges
+    policy_delay: int = 2  # critic updates per actor update (and per target update)
+    exploration_noise: float = 0.1  # std of sampler Gaussian noise, in half action ranges
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the first bad field."""
+        check_hidden("td3.hidden", self.hidden)
+        for name in ("actor_lr", "critic_lr"):
+            value = getattr(self, name)
+            check(value > 0, f"td3.{name}", value, "must be > 0")
+        for name in ("weight_decay", "policy_noise", "noise_clip", "exploration_noise"):
+            value = getattr(self, name)
+            check(value >= 0, f"td3.{name}", value, "must be >= 0")
+        check(0 <= self.gamma <= 1, "td3.gamma", self.gamma, "must be in [0, 1]")
+        check(0 < self.tau <= 1, "td3.tau", self.tau, "must be in (0, 1]")
+        check(isinstance(self.policy_delay, int) and self.policy_delay >= 1,
+              "td3.policy_delay", self.policy_delay, "must be an int >= 1")
+
+
+class TD3ActorPart:
+    """Actor, target actor and (a copy of, unless shared) the online twin critic.
+
+    ``load_critic`` copies critic weights in place; with ``shared=True`` the critic *is*
+    the critic part's module and ``load_critic`` is a no-op.
+    """
+
+    def __init__(self, actor: DeterministicActor, actor_target: DeterministicActor,
+                 critic: TwinCritic, cfg: TD3Config, shared: bool) -> None:
+        self.actor, self.actor_target, self.critic = actor, actor_target, critic
+        self.cfg, self.shared = cfg, shared
+        self.policy_delay = cfg.policy_delay
+        self.updates = 0
+        self._params = params(actor)
+        self._target_params = params(actor_target)
+        self.opt = adam(self._params, cfg.actor_lr, cfg.weight_decay)
+
+    def update(self, batch: Batch, want_metrics: bool = True) -> dict[str, float]:
+        """One deterministic policy gradient step on -Q1(s, pi(s)), then Polyak the target actor."""
+        obs = batch["obs"]
+        loss = -self.critic.q1(obs, self.actor(obs)).mean()
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward(inputs=self._params)  # no gradients into the critic's weights
+        self.opt.step()
+        polyak(self._target_params, self._params, self.cfg.tau)
+        self.updates += 1
+        return scalars([("actor_loss", loss)]) if want_metrics else {}
+
+    def actor_state(self) -> State:
+        return module_state(self.actor)
+
+    def target_actor_state(self) -> State | None:
+        return module_state(self.actor_target)
+
+    def extras(self) -> dict[str, float]:
+        return {}
+
+    def load_critic(self, state: State) -> None:
+        if not self.shared:
+            load_module_state(self.critic, state)
+
+    def save(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"actor": module_snapshot(self.actor), "updates": self.updates,
+                             "actor_target": module_snapshot(self.actor_target),
+                             "opt": optimizer_state(self.opt)}
+        if not self.shared:
+            d["critic"] = module_snapshot(self.critic)
+        return d
+
+    def load(self, d: dict[str, Any]) -> None:
+        self.actor.load_state_dict(d["actor"])
+        self.actor_target.load_state_dict(d["actor_target"])
+        self.opt.load_state_dict(d["opt"])
+        self.updates = int(d["updates"])
+        if not self.shared:
+            self.critic.load_state_dict(d["critic"])
+
+
+class TD3CriticPart:
+    """Twin critics, their targets and (a copy of, unless shared) the target actor.
+
+    ``load_actor`` copies the *target* actor in place (the online actor is not needed);
+    with ``shared=True`` the target actor is the actor part's module and it is a no-op.
+    """
+
+    def __init__(self, critic: TwinCritic, critic_target: TwinCritic,
+                 actor_target: DeterministicActor, cfg: TD3Config, shared: bool,
+                 generator: torch.Generator) -> None:
+        self.critic, self.critic_target, self.actor_target = critic, critic_target, actor_target
+        self.cfg, self.shared, self.generator = cfg, shared, generator
+        self.updates = 0
+        self._params = params(critic)
+        self._target_params = params(critic_target)
+        self.opt = adam(self._params, cfg.critic_lr, cfg.weight_decay)
+        scale, bias = actor_target.scale.clone(), actor_target.bias.clone()
+        self._scale, self._low, self._high = scale, bias - scale, bias + scale
+
+    def target_action(self, next_obs: torch.Tensor) -> torch.Tensor:
+        """Target policy smoothing: clip(pi'(s') + clip(N(0, sigma), -c, c) * scale, low, high)."""
+        with torch.no_grad():
+            a = self.actor_target(next_obs)
+            noise = torch.randn(a.shape, generator=self.generator, device=a.device, dtype=a.dtype)
+            noise.mul_(self.cfg.policy_noise).clamp_(-self.cfg.noise_clip, self.cfg.noise_clip)
+            return torch.clamp(torch.addcmul(a, noise, self._scale), self._low, self._high)
+
+    def td_target(self, batch: Batch) -> torch.Tensor:
+        """r + gamma * (1 - done) * min(Q1', Q2')(s', target_action(s'))."""
+        with torch.no_grad():
+            next_obs = batch["next_obs"]
+            tq1, tq2 = self.critic_target(next_obs, self.target_action(next_obs))
+            return torch.addcmul(batch["reward"], 1.0 - batch["done"], torch.minimum(tq1, tq2),
+                                 value=self.cfg.gamma)
+
+    def update(self, batch: Batch, want_metrics: bool = True) -> dict[str, float]:
+        """One critic step; Polyak the critic targets on every ``policy_delay``-th update."""
+        y = self.td_target(batch)
+        q1, q2 = self.critic(batch["obs"], batch["action"])
+        loss = F.mse_loss(q1, y) + F.mse_loss(q2, y)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        self.opt.step()
+        self.updates += 1
+        if self.updates % self.cfg.policy_delay == 0:
+            polyak(self._target_params, self._params, self.cfg.tau)
+        return scalars([("critic_loss", loss), ("q_mean", q1.mean())]) if want_metrics else {}
+
+    def critic_state(self) -> State:
+        return module_state(self.critic)
+
+    def load_actor(self, state: State, target: State | None, extras: Mapping[str, float]) -> None:
+        if self.shared:
+            return
+        if target is None:
+            raise ValueError("TD3 critic part needs the target actor state, got None")
+        load_module_state(self.actor_target, target)
+
+    def save(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"critic": module_snapshot(self.critic), "updates": self.updates,
+                             "critic_target": module_snapshot(self.critic_target),
+                             "opt": optimizer_state(self.opt),
+                             "generator": self.generator.get_state()}
+        if not self.shared:
+            d["actor_target"] = module_snapshot(self.actor_target)
+        return d
+
+    def load(self, d: dict[str, Any]) -> None:
+        self.critic.load_state_dict(d["critic"])
+        self.critic_target.load_state_dict(d["critic_target"])
+        self.opt.load_state_dict(d["opt"])
+        self.generator.set_state(d["generator"])
+        self.updates = int(d["updates"])
+        if not self.shared:
+            self.actor_target.load_state_dict(d["actor_target"])

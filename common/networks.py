@@ -1,0 +1,124 @@
+"""Torch modules for TD3 / SAC: MLP trunks, actors and twin critics.
+
+Every hidden layer is a plain ``nn.Linear`` built by :func:`mlp`, so a sparse mode can find
+and mask them. Action bounds live in registered buffers (``scale``, ``bias``) so they move
+with ``.to(device)`` and travel inside ``state_dict()`` to samplers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
+LOG_2 = math.log(2.0)
+
+
+def mlp(in_dim: int, hidden: Sequence[int], out_dim: int | None) -> nn.Sequential:
+    """Linear+ReLU per hidden size, then a final Linear to ``out_dim`` (none if ``None``).
+
+    Layer ``i`` of the result is an ``nn.Linear`` at even indices (0, 2, 4, ...).
+    """
+    layers: list[nn.Module] = []
+    d = in_dim
+    for h in hidden:
+        layers += [nn.Linear(d, h), nn.ReLU(inplace=True)]
+        d = h
+    if out_dim is not None:
+        layers.append(nn.Linear(d, out_dim))
+    return nn.Sequential(*layers)
+
+
+def _bounds(low: np.ndarray, high: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scale, bias) float32 tensors mapping [-1, 1] onto [low, high]."""
+    lo = np.asarray(low, dtype=np.float32)
+    hi = np.asarray(high, dtype=np.float32)
+    if lo.shape != hi.shape or lo.ndim != 1:
+        raise ValueError(f"action bounds must be 1-D and equal shape, got {lo.shape} {hi.shape}")
+    if not (np.all(np.isfinite(lo)) and np.all(np.isfinite(hi)) and np.all(hi > lo)):
+        raise ValueError(f"action bounds must be finite with high > low, got {lo} {hi}")
+    return torch.from_numpy((hi - lo) / 2.0), torch.from_numpy((hi + lo) / 2.0)
+
+
+class DeterministicActor(nn.Module):
+    """TD3 actor: ``tanh(mlp(obs)) * scale + bias``."""
+
+    def __init__(self, obs_dim: int, act_dim: int, hidden: Sequence[int],
+                 low: np.ndarray, high: np.ndarray) -> None:
+        super().__init__()
+        self.net = mlp(obs_dim, hidden, act_dim)
+        scale, bias = _bounds(low, high)
+        if scale.shape != (act_dim,):
+            raise ValueError(f"action bounds shape {tuple(scale.shape)} != ({act_dim},)")
+        self.register_buffer("scale", scale)
+        self.register_buffer("bias", bias)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return torch.addcmul(self.bias, torch.tanh(self.net(obs)), self.scale)
+
+
+class GaussianActor(nn.Module):
+    """SAC actor: tanh-squashed Gaussian rescaled to the action bounds.
+
+    ``log_std`` is squashed smoothly into ``[log_std_min, log_std_max]`` with a tanh (as in
+    CleanRL / pytorch_sac) instead of a hard clamp that would kill its gradient.
+    """
+
+    def __init__(self, obs_dim: int, act_dim: int, hidden: Sequence[int], low: np.ndarray,
+                 high: np.ndarray, log_std_min: float = -5.0, log_std_max: float = 2.0) -> None:
+        super().__init__()
+        if not log_std_min < log_std_max:
+            raise ValueError(f"log_std_min={log_std_min} must be < log_std_max={log_std_max}")
+        self.trunk = mlp(obs_dim, hidden, None)
+        self.head = nn.Linear(hidden[-1] if hidden else obs_dim, 2 * act_dim)
+        scale, bias = _bounds(low, high)
+        if scale.shape != (act_dim,):
+            raise ValueError(f"action bounds shape {tuple(scale.shape)} != ({act_dim},)")
+        self.register_buffer("scale", scale)
+        self.register_buffer("bias", bias)
+        self.register_buffer("log_std_bounds", torch.tensor([log_std_min, log_std_max]))
+        self.register_buffer("log_scale_sum", scale.log().sum(), persistent=False)
+        self._lo, self._half_range = log_std_min, 0.5 * (log_std_max - log_std_min)
+
+    def dist_params(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pre-squash Gaussian (mean, log_std), each [B, act_dim]."""
+        mean, raw = self.head(self.trunk(obs)).chunk(2, dim=-1)
+        return mean, self._lo + self._half_range * (torch.tanh(raw) + 1.0)
+
+    def forward(self, obs: torch.Tensor, deterministic: bool = False,
+                generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(action [B, act_dim], log_prob [B]); deterministic uses the mean (log_prob at eps=0)."""
+        mean, log_std = self.dist_params(obs)
+        if deterministic:
+            u = mean
+            gauss = -log_std - HALF_LOG_2PI
+        else:
+            eps = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
+            u = torch.addcmul(mean, eps, log_std.exp())
+            gauss = -0.5 * eps.square() - log_std - HALF_LOG_2PI
+        # log(1 - tanh(u)^2) = 2 * (log 2 - u - softplus(-2u)), stable for large |u|.
+        log_det = 2.0 * (LOG_2 - u - F.softplus(-2.0 * u))
+        log_prob = (gauss - log_det).sum(-1) - self.log_scale_sum
+        return torch.addcmul(self.bias, torch.tanh(u), self.scale), log_prob
+
+
+class TwinCritic(nn.Module):
+    """Two independent Q MLPs on ``concat(obs, action)``; each returns [B]."""
+
+    def __init__(self, obs_dim: int, act_dim: int, hidden: Sequence[int]) -> None:
+        super().__init__()
+        self.qf1 = mlp(obs_dim + act_dim, hidden, 1)
+        self.qf2 = mlp(obs_dim + act_dim, hidden, 1)
+
+    def forward(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.cat([obs, action], dim=-1)
+        return self.qf1(x).squeeze(-1), self.qf2(x).squeeze(-1)
+
+    def q1(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        """First critic only (TD3's policy gradient uses Q1)."""
+        return self.qf1(torch.cat([obs, action], dim=-1)).squeeze(-1)

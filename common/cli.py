@@ -50,7 +50,10 @@ def train_config(args: argparse.Namespace) -> Config:
 def cmd_train(args: argparse.Namespace) -> int:
     from services.supervisor.main import Supervisor
 
+    from common.envs import env_spec
+
     cfg = train_config(args)
+    env_spec(cfg.env)  # refuse unknown or discrete-action envs before anything starts
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
@@ -95,7 +98,15 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    p = parser()
+    args, extra = p.parse_known_args(argv)
+    if args.command == "train":  # key=value overrides may come between or after options
+        stray = [x for x in extra if x.startswith("-") or "=" not in x]
+        if stray:
+            p.error(f"unrecognized arguments: {' '.join(stray)}")
+        args.overrides = list(args.overrides) + extra
+    elif extra and args.command != "bench":
+        p.error(f"unrecognized arguments: {' '.join(extra)}")
     handlers = {"train": cmd_train, "eval": cmd_eval, "bench": cmd_bench}
     try:
         return handlers[args.command](args)

@@ -171,8 +171,8 @@ def _unpack_header(frame: Any, limits: Limits) -> dict[str, Any]:
     if not isinstance(head, dict):
         raise HeaderError(f"header is a msgpack {type(head).__name__}, not a map")
     version = head.get("v")
-    if version != PROTOCOL_VERSION:
-        raise VersionError(f"protocol version {version!r} != supported {PROTOCOL_VERSION}")
+    if version != PROTOCOL_VERSION or type(version) is not int:  # 1.0 and True are not 1
+        raise VersionError(f"protocol version {version!r:.40} != supported {PROTOCOL_VERSION}")
     _check_types(head)
     _check_tree(head["body"], limits.max_depth)
     return head

@@ -22,6 +22,18 @@ from zmq.auth.thread import ThreadAuthenticator
 from common.errors import ConfigError
 
 
+ZAP_DOMAIN = "spreeze"  # the ZAP domain of every CURVE server socket; start_authenticator serves it
+
+
+def _fail_closed(sock: zmq.Socket) -> None:
+    """Refuse every client while no authenticator runs (libzmq otherwise accepts anyone who
+    knows the server's public key). ZAP_ENFORCE_DOMAIN is a draft option in some builds."""
+    try:
+        sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
+    except (AttributeError, zmq.ZMQError):
+        pass  # libzmq < 4.3 or without draft options: safe only with start_authenticator running
+
+
 @dataclass(frozen=True)
 class CurveKeys:
     """Key material of one process: its own pair, and the server's public key (clients)."""
@@ -34,6 +46,8 @@ class CurveKeys:
         sock.curve_publickey = self.public
         sock.curve_secretkey = self.secret
         if server:
+            sock.zap_domain = ZAP_DOMAIN.encode()
+            _fail_closed(sock)
             sock.curve_server = True
         else:
             if self.server_public is None:
@@ -47,8 +61,9 @@ def make_keys(directory: str | Path, client_name: str = "client") -> Path:
     (d / "authorized").mkdir(parents=True, exist_ok=True)
     os.chmod(d, 0o700)
     if not (d / "server.key_secret").exists():
-        zmq.auth.create_certificates(d, "server")
-    public, _ = zmq.auth.create_certificates(d, client_name)
+        os.chmod(zmq.auth.create_certificates(d, "server")[1], 0o600)
+    public, secret = zmq.auth.create_certificates(d, client_name)
+    os.chmod(secret, 0o600)  # pyzmq writes it with the umask's mode (often 0644)
     shutil.copy(public, d / "authorized" / Path(public).name)
     return d
 
@@ -63,8 +78,10 @@ def _load(path: Path) -> tuple[bytes, bytes | None]:
 
 
 def server_keys(directory: str | Path) -> CurveKeys:
-    public, secret = _load(Path(directory) / "server.key_secret")
-    assert secret is not None
+    path = Path(directory) / "server.key_secret"
+    public, secret = _load(path)
+    if secret is None:
+        raise ConfigError(f"{str(path)!r} holds no secret key")
     return CurveKeys(public, secret)
 
 
@@ -84,5 +101,5 @@ def start_authenticator(ctx: zmq.Context, directory: str | Path) -> ThreadAuthen
         raise ConfigError(f"CURVE authorized-keys directory {str(allowed)!r} does not exist")
     auth = ThreadAuthenticator(ctx)
     auth.start()
-    auth.configure_curve(domain="*", location=str(allowed))
+    auth.configure_curve(domain=ZAP_DOMAIN, location=str(allowed))
     return auth

@@ -91,6 +91,8 @@ class Channel:
         # header of the last valid message parsed (sender id, session, sequence number)
         self.last_sender, self.last_session, self.last_seq = "", "", -1
         self.sock = ctx.socket(spec.kind)
+        # a sync twin of the same socket, for non-blocking calls (asyncio sockets return futures)
+        self.now = zmq.Socket.shadow(self.sock.underlying)
         self.sock.setsockopt(zmq.SNDHWM, hwm or spec.hwm)
         self.sock.setsockopt(zmq.RCVHWM, hwm or spec.hwm)
         self.sock.setsockopt(zmq.LINGER, spec.linger_ms)
@@ -119,7 +121,7 @@ class Channel:
         if to is not None:
             frames.insert(0, to)
         try:
-            self.sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+            self.now.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
             return True
         except zmq.Again:
             return False
@@ -140,13 +142,16 @@ class Channel:
         out = [await self.recv(timeout)]
         while len(out) < max_n:
             try:
-                frames = self.sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+                got = self.recv_nowait()
             except zmq.Again:
                 break
-            got = self.parse(frames)
             if got is not None:
                 out.append(got)
         return out
+
+    def recv_nowait(self) -> tuple[bytes | None, Message] | None:
+        """One queued message; None if it was bad (counted); raises zmq.Again if none is queued."""
+        return self.parse(self.now.recv_multipart(flags=zmq.NOBLOCK, copy=False))
 
     def parse(self, frames: list[Any]) -> tuple[bytes | None, Message] | None:
         peer = None
@@ -170,7 +175,7 @@ class Channel:
     def _reply_error(self, peer: bytes, exc: ProtocolError) -> None:
         frames = to_frames(Error(code=exc.code, detail=str(exc)[:500]), self.encoder)
         try:
-            self.sock.send_multipart([peer, *frames], flags=zmq.NOBLOCK)
+            self.now.send_multipart([peer, *frames], flags=zmq.NOBLOCK)
         except zmq.ZMQError:
             pass  # the peer is gone or slow; the error is counted and logged already
 

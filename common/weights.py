@@ -86,13 +86,11 @@ class WeightsFollower:
     def poll(self) -> dict[str, Weights]:
         """Drain without blocking; newest message per net (empty if nothing new)."""
         newest: dict[str, Weights] = {}
-        sock = self.channel.sock
         while True:
             try:
-                frames = sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+                got = self.channel.recv_nowait()
             except zmq.Again:
                 return newest
-            got = self.channel.parse(frames)
             if got is None or not isinstance(got[1], Weights):
                 continue
             msg = got[1]

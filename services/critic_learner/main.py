@@ -30,7 +30,7 @@ class CriticLearner(LearnerBase):
         _, self.critic = self.setup(lc.critic_device, shared=False)
         to_actor = self.publisher("critic_sync")
         actors = WeightsFollower(self.channel("weights", binding=False, name="actor_sync"))
-        self.actor_updates, self.delay = 0, self.cfg.td3.policy_delay if self.cfg.algo == "td3" else 1
+        self.actor_seen = 0  # critic-update count at which the newest actor copy was made
         latest: dict[str, Weights] = {}
         self.send_sync(to_actor)
         while self.running:
@@ -38,7 +38,7 @@ class CriticLearner(LearnerBase):
             if newest:
                 latest.update(newest)
                 self.take_actor(latest)
-            if self.critic.updates - self.actor_updates * self.delay > lc.max_lag:
+            if self.critic.updates - self.actor_seen > lc.max_lag:
                 await actors.channel.sock.poll(WAIT_MS, zmq.POLLIN)
                 continue
             batch = await self.batches.next(self.stopping)
@@ -50,7 +50,7 @@ class CriticLearner(LearnerBase):
                 self.losses = metrics
             if self.critic.updates % lc.sync_every == 0:
                 self.send_sync(to_actor)
-            lag = self.critic.updates - self.actor_updates * self.delay
+            lag = self.critic.updates - self.actor_seen
             self.tick(self.critic.updates, {"policy_lag": lag})
 
     def take_actor(self, latest: dict[str, Weights]) -> None:
@@ -59,7 +59,7 @@ class CriticLearner(LearnerBase):
             return
         target = latest.get("actor_target")
         self.critic.load_actor(to_state(actor), to_state(target) if target else None, actor.extras)
-        self.actor_updates = actor.updates
+        self.actor_seen = actor.updates
 
     def send_sync(self, pub: WeightsPublisher) -> None:
         pub.publish(dense_message("critic", self.critic.updates, self.critic.updates,

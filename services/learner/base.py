@@ -42,10 +42,11 @@ class LearnerBase(Service):
         return pub
 
     def publish_actor(self, pub: WeightsPublisher, actor: ActorPart, net: str = "actor") -> None:
+        """Version = actor updates; `updates` in critic updates (the run's update count)."""
         extras = {**actor.extras(), "env_steps": float(self.batches.inserted)}
         state = actor.actor_state() if net == "actor" else actor.target_actor_state()
         assert state is not None
-        pub.publish(dense_message(net, actor.updates, actor.updates, state, extras))
+        pub.publish(dense_message(net, actor.updates, actor.updates * actor.policy_delay, state, extras))
 
     def tick(self, updates: int, extra: dict[str, Any]) -> None:
         """Metrics about once a second; learner checkpoints every checkpoint_every_s."""

@@ -102,10 +102,9 @@ class Replay(Service):
     def take_requests(self, smp: Channel) -> None:
         for _ in range(DRAIN_MAX):
             try:
-                frames = smp.sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+                got = smp.recv_nowait()
             except zmq.Again:
                 return
-            got = smp.parse(frames)
             if got is not None and isinstance(got[1], SampleRequest):
                 self.pending.append((got[0], got[1]))  # type: ignore[arg-type]
 
@@ -114,10 +113,9 @@ class Replay(Service):
             if not self.limiter.can_insert(1):
                 return
             try:
-                frames = exp.sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+                got = exp.recv_nowait()
             except zmq.Again:
                 return
-            got = exp.parse(frames)
             if got is not None and isinstance(got[1], Experience):
                 self.insert(got[1], exp.last_sender)
 
@@ -148,7 +146,9 @@ class Replay(Service):
             if not self.limiter.can_sample(req.batch_size) or self.buffer.size == 0:
                 return
             self.pending.popleft()
-            rows = self.layout.pack(**self.buffer.sample(req.batch_size))
+            # a fresh matrix per answer: zero-copy sends may still read the previous one
+            rows = self.buffer.sample_packed(req.batch_size, out=np.empty((req.batch_size, self.layout.width),
+                                                                          np.float32))
             self.limiter.sample(req.batch_size)
             await smp.send(SampledBatch(req.request_id, rows, self.layout.obs_dim, self.layout.act_dim,
                                         self.buffer.size, self.limiter.inserts), to=peer)

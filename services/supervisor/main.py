@@ -10,6 +10,8 @@ evaluator's last result and the learners' final checkpoints make it to disk.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import logging
 import shutil
 import signal
@@ -140,6 +142,15 @@ class Supervisor:
         child.proc = spawn(child.spec, self.endpoints["control"], self.run_dir / "logs", {})
         child.started, child.registered, child.state, child.restart_at = time.monotonic(), False, "starting", 0.0
         log.info("started %s (pid %d)", child.spec.service_id, child.proc.pid)
+        self.write_roster()
+
+    def write_roster(self) -> None:
+        """run_dir/services.json: pid, state and restarts of every service (for tools and tests)."""
+        rows = {sid: {"role": c.spec.role, "pid": c.proc.pid if c.proc else None, "state": c.state,
+                      "restarts": c.total_restarts} for sid, c in self.children.items()}
+        tmp = self.run_dir / ".services.json.tmp"
+        tmp.write_text(json.dumps(rows, indent=1))
+        os.replace(tmp, self.run_dir / "services.json")
 
     def crashed(self, child: Child, why: str) -> None:
         """Schedule a restart with backoff, or stop the run after too many."""
@@ -183,6 +194,7 @@ class Supervisor:
             log.warning("registration from unknown service %r (role %s, pid %d) ignored", sid, msg.role, msg.pid)
             return
         child.registered, child.last_heartbeat, child.state = True, time.monotonic(), "running"
+        self.write_roster()
         await self.control.send(Welcome(sid, self.endpoints, to_dict(self.cfg),
                                         self.cfg.supervisor.heartbeat_interval), to=peer)
 
@@ -206,8 +218,10 @@ class Supervisor:
             await self.ping_all()
 
     def check(self, child: Child, now: float, silence: float) -> None:
+        if self.done.is_set():
+            return  # stopping: exits are expected now
         if child.restart_at:
-            if now >= child.restart_at and not self.done.is_set():
+            if now >= child.restart_at:
                 self.start(child)
             return
         if not child.alive:

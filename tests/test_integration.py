@@ -1,0 +1,127 @@
+"""End to end: `spreeze train` starts real processes on real ipc:// sockets and learns.
+
+Pendulum-v1 with tiny budgets (CleanRL-style smoke tests). A random policy scores about
+-1200 to -1500 on Pendulum; a learning TD3 passes -800 within a few thousand steps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+LEARNED = -800.0  # "clearly beats random" (uniform random actions score about -1200)
+FAST = ["--env", "Pendulum-v1", "replay.min_size=1000", "sampler.warmup_steps=1000",
+        "eval.every_updates=1000", "eval.episodes=3", "supervisor.progress_every=2"]
+
+
+def train(run_dir: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "common.cli", "train", "--run-dir", str(run_dir), *FAST, *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+def records(run_dir: Path, kind: str) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in rows if r["kind"] == kind]
+
+
+def best_eval(run_dir: Path) -> float:
+    evals = records(run_dir, "eval")
+    assert evals, "no evaluation was recorded"
+    return max(e["return_mean"] for e in evals)
+
+
+@pytest.mark.timeout(300)
+def test_fused_and_split_both_learn_pendulum(tmp_path: Path) -> None:
+    results = {}
+    for mode in ("fused", "split"):
+        run = tmp_path / mode
+        proc = train(run, "--total-steps", "6000", f"learner.mode={mode}")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "budget of 6,000 env steps reached" in proc.stdout
+        results[mode] = best_eval(run)
+        for e in records(run, "eval"):
+            assert {"env_steps", "updates", "wall_time", "return_mean"} <= set(e)
+        assert (run / "checkpoints" / "best.pt").is_file()
+        assert (run / "config.yaml").is_file()
+    assert results["fused"] > LEARNED, results
+    assert results["split"] > LEARNED, results
+    # comparable on the same budget: both far from random, within a few hundred of each other
+    assert abs(results["fused"] - results["split"]) < 600, results
+
+
+@pytest.mark.timeout(300)
+def test_sampler_killed_is_restarted_and_training_goes_on(tmp_path: Path) -> None:
+    run = tmp_path / "kill"
+    cmd = [sys.executable, "-m", "common.cli", "train", "--run-dir", str(run), *FAST,
+           "--total-steps", "4000", "supervisor.backoff=0.5"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        pid = wait_for(lambda: registered_pid(run, "sampler-0"), 90)
+        steps_before = wait_for(lambda: env_steps(run) if env_steps(run) >= 512 else None, 90)
+        os.kill(pid, signal.SIGKILL)
+        new_pid = wait_for(lambda: p if (p := registered_pid(run, "sampler-0")) not in (None, pid) else None, 60)
+        assert new_pid != pid
+        out, _ = proc.communicate(timeout=200)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out
+    restarts = [e for e in records(run, "event") if e.get("event") == "restart"]
+    assert any(e.get("service") == "sampler-0" for e in restarts), restarts
+    assert env_steps(run) >= 4000 > steps_before
+    assert json.loads((run / "services.json").read_text())["sampler-0"]["restarts"] == 1
+
+
+def registered_pid(run: Path, sid: str) -> int | None:
+    try:
+        row = json.loads((run / "services.json").read_text())[sid]
+    except (FileNotFoundError, json.JSONDecodeError, KeyError):
+        return None
+    return row["pid"] if row["state"] == "running" else None
+
+
+def env_steps(run: Path) -> int:
+    rows = [r for r in records(run, "metrics") if r.get("service") == "replay"]
+    return rows[-1]["inserted"] if rows else 0
+
+
+def wait_for(probe, timeout: float):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = probe()
+        if value is not None:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"condition not met within {timeout}s")
+
+
+@pytest.mark.parametrize("override, named", [
+    ("replay.capacity=-5", "replay.capacity=-5"),
+    ("learner.mode=sideways", "learner.mode='sideways'"),
+    ("td3.tau=1.5", "td3.tau=1.5"),
+    ("replay.capcity=10", "replay.capcity"),
+    ("learner.batch_size=big", "learner.batch_size='big'"),
+])
+def test_bad_config_values_are_refused_by_name(tmp_path: Path, override: str, named: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", "common.cli", "train", "--run-dir", str(tmp_path / "r"),
+                           override], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert named in proc.stderr, proc.stderr
+    assert not (tmp_path / "r").exists()  # refused before anything started
+
+
+def test_unknown_env_is_refused_by_name(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "common.cli", "train", "--env", "NoSuchEnv-v9",
+                           "--run-dir", str(tmp_path / "r")], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "NoSuchEnv-v9" in proc.stderr

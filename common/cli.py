@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 
 from common.config import Config, field_docs, load_config, to_dict
-from common.errors import ConfigError, SpreezeError
+from common.errors import SpreezeError
 
 
 def _train_parser(sub: argparse._SubParsersAction) -> None:
@@ -76,11 +76,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    if args.what == "transport":
-        from bench.transport import main as bench_main
+    from importlib import import_module
 
-        return bench_main(args.rest)
-    raise ConfigError(f"unknown benchmark {args.what!r}")
+    return import_module(f"bench.{args.what}").main(args.rest)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -91,8 +89,8 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("run_dir")
     e.add_argument("--episodes", type=int, default=10)
     e.add_argument("--checkpoint", choices=("best", "latest"), default="best")
-    b = sub.add_parser("bench", help="benchmarks (transport)")
-    b.add_argument("what", choices=("transport",))
+    b = sub.add_parser("bench", help="benchmarks: transport | learning (each has --help)")
+    b.add_argument("what", choices=("transport", "learning"))
     b.add_argument("rest", nargs=argparse.REMAINDER, help="arguments of the benchmark")
     return p
 

@@ -75,6 +75,9 @@ def check_endpoint(endpoint: str) -> str:
     if not (endpoint.startswith("ipc://") or endpoint.startswith("tcp://")
             or endpoint.startswith("inproc://")):
         raise ConfigError(f"endpoint {endpoint!r} must start with ipc://, tcp:// or inproc://")
+    if endpoint.startswith("ipc://") and len(endpoint) - len("ipc://") > IPC_PATH_MAX:
+        raise ConfigError(f"ipc path {endpoint!r} is longer than {IPC_PATH_MAX} bytes; "
+                          "use a shorter socket directory")
     return endpoint
 
 
@@ -93,8 +96,10 @@ class Channel:
         self.sock = ctx.socket(spec.kind)
         # a sync twin of the same socket, for non-blocking calls (asyncio sockets return futures)
         self.now = zmq.Socket.shadow(self.sock.underlying)
-        self.sock.setsockopt(zmq.SNDHWM, hwm or spec.hwm)
-        self.sock.setsockopt(zmq.RCVHWM, hwm or spec.hwm)
+        self.sock.setsockopt(zmq.SNDHWM, spec.hwm if hwm is None else hwm)
+        self.sock.setsockopt(zmq.RCVHWM, spec.hwm if hwm is None else hwm)
+        # libzmq refuses (and disconnects) peers sending frames over the codec's byte limit
+        self.sock.setsockopt(zmq.MAXMSGSIZE, limits.max_total_bytes + limits.max_header_bytes)
         self.sock.setsockopt(zmq.LINGER, spec.linger_ms)
         if identity is not None:
             self.sock.setsockopt(zmq.IDENTITY, identity.encode())
@@ -106,7 +111,12 @@ class Channel:
             self.sock.setsockopt(zmq.SUBSCRIBE, b"")
         if curve is not None and endpoint.startswith("tcp://"):
             curve.apply(self.sock, server=binding)
-        (self.sock.bind if binding else self.sock.connect)(endpoint)
+        try:
+            (self.sock.bind if binding else self.sock.connect)(endpoint)
+        except zmq.ZMQError as exc:
+            self.sock.close(linger=0)
+            raise ConfigError(f"cannot {'bind' if binding else 'connect'} {role} socket to "
+                              f"{endpoint!r}: {exc}") from None
 
     # ------------------------------------------------------------------ sending
     async def send(self, msg: Message, to: bytes | None = None) -> None:
@@ -158,7 +168,7 @@ class Channel:
         if self.is_router:
             peer = frames[0].bytes
             frames = frames[1:]
-        elif self.sock.socket_type == zmq.XPUB:  # subscription frames are handled by the owner
+        elif self.sock.type == zmq.XPUB:  # subscription frames are handled by the owner
             return None
         try:
             env = decode(frames, self.limits)

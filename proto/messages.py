@@ -106,6 +106,10 @@ class SampleRequest(Message):
     request_id: int
     batch_size: int
 
+    def check(self) -> None:
+        if self.batch_size <= 0:
+            raise SchemaError(f"sample_request.batch_size={self.batch_size} must be > 0")
+
 
 @dataclass(slots=True)
 class SampledBatch(Message):
@@ -140,6 +144,23 @@ class Weights(Message):
     val: ArrayMap = field(default_factory=dict)
     shapes: dict[str, list[int]] = field(default_factory=dict)
     extras: dict[str, float] = field(default_factory=dict)  # e.g. SAC's {"alpha": 0.2}
+
+    def check(self) -> None:
+        if set(self.idx) != set(self.shapes) or set(self.val) != set(self.shapes):
+            raise SchemaError(f"weights {self.net}: sparse tensors {sorted(self.shapes)} need idx and val "
+                              f"each (idx: {sorted(self.idx)}, val: {sorted(self.val)})")
+        for name, shape in self.shapes.items():
+            idx, val = self.idx[name], self.val[name]
+            size = 1
+            for d in shape:
+                if type(d) is not int or d < 0:
+                    raise SchemaError(f"weights {self.net}: shape of {name!r} is {shape!r:.60}")
+                size *= d
+            if idx.dtype != np.int32 or val.dtype != np.float32 or idx.shape != val.shape or idx.ndim != 1:
+                raise SchemaError(f"weights {self.net}: {name!r} needs int32 idx and float32 val of one "
+                                  f"length, got {idx.dtype}{list(idx.shape)} and {val.dtype}{list(val.shape)}")
+            if len(idx) and (int(idx.min()) < 0 or int(idx.max()) >= size):
+                raise SchemaError(f"weights {self.net}: {name!r} has indices outside its {size} elements")
 
 
 @dataclass(slots=True)

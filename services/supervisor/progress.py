@@ -23,6 +23,7 @@ class Progress:
         self.last_eval: EvalResult | None = None
         self.evals: list[EvalResult] = []
         self._window = (self.start, 0, 0)  # (time, env_steps, updates) at the last line
+        self.record("start", {"unix_time": time.time()})  # wall_time of every record counts from here
 
     @property
     def elapsed(self) -> float:

@@ -1,0 +1,1 @@
+"""Benchmarks anyone can rerun (`python -m bench.<name>`); each reports medians and ratios."""

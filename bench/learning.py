@@ -1,0 +1,104 @@
+"""`spreeze bench learning`: train over several seeds and report steps and wall-clock to a score.
+
+Each seed is a full `spreeze train` (every service a process), run one after another so
+runs do not compete for cores. From each run's metrics.jsonl it reads the first
+evaluation reaching the threshold: its env steps and its wall-clock time since start,
+plus the final and best evaluation returns. Medians across seeds are printed and
+written as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def run_seed(env: str, algo: str, seed: int, total_steps: int, run_dir: Path,
+             config: str | None, overrides: list[str]) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "common.cli", "train", "--env", env, "--algo", algo, "--seed", str(seed),
+           "--total-steps", str(total_steps), "--run-dir", str(run_dir), "--quiet", *overrides]
+    if config:
+        cmd += ["--config", config]
+    t0 = time.time()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.time() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"seed {seed} failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    evals, started = read_evals(run_dir)
+    for e in evals:  # seconds since the command was typed, start-up included
+        e["since_command"] = started - t0 + e["wall_time"]
+    return {"seed": seed, "run_dir": str(run_dir), "command_wall_s": wall, "evals": evals}
+
+
+def read_evals(run_dir: Path) -> tuple[list[dict[str, Any]], float]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
+    started = next(r["unix_time"] for r in rows if r["kind"] == "start")
+    return [r for r in rows if r["kind"] == "eval"], started
+
+
+def summarize(result: dict[str, Any], threshold: float) -> dict[str, Any]:
+    evals = result["evals"]
+    hit = next((e for e in evals if e["return_mean"] >= threshold), None)
+    return {
+        "seed": result["seed"], "run_dir": result["run_dir"],
+        "steps_to_threshold": hit["env_steps"] if hit else None,
+        "seconds_to_threshold": round(hit["since_command"], 1) if hit else None,
+        "final_return": evals[-1]["return_mean"] if evals else None,
+        "best_return": max((e["return_mean"] for e in evals), default=None),
+        "command_wall_s": result["command_wall_s"],
+    }
+
+
+def median(values: list[float | None]) -> float | None:
+    """Median over seeds; a seed that never reached the threshold counts as infinite."""
+    if not values:
+        return None
+    finite = [v if v is not None else float("inf") for v in values]
+    m = statistics.median(finite)
+    return None if m == float("inf") else m
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="spreeze bench learning", description=__doc__)
+    p.add_argument("--env", default="HalfCheetah-v5")
+    p.add_argument("--algo", default="td3", choices=("td3", "sac"))
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--total-steps", type=int, default=100_000)
+    p.add_argument("--threshold", type=float, default=3000.0)
+    p.add_argument("--config", help="YAML config for every run")
+    p.add_argument("--out", default="runs/bench-learning", help="directory for the runs and the JSON")
+    p.add_argument("overrides", nargs="*", help="config overrides key=value")
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    rows = []
+    for seed in args.seeds:
+        result = run_seed(args.env, args.algo, seed, args.total_steps, out / f"{args.env}-{args.algo}-s{seed}",
+                          args.config, args.overrides)
+        rows.append(summarize(result, args.threshold))
+        r = rows[-1]
+        print(f"seed {seed}: steps to {args.threshold:g}: {r['steps_to_threshold']}, seconds: "
+              f"{r['seconds_to_threshold']}, final {r['final_return']:.0f}, best {r['best_return']:.0f}", flush=True)
+    summary = {
+        "env": args.env, "algo": args.algo, "threshold": args.threshold, "total_steps": args.total_steps,
+        "config": args.config, "overrides": args.overrides, "seeds": rows,
+        "median_steps_to_threshold": median([r["steps_to_threshold"] for r in rows]),
+        "median_seconds_to_threshold": median([r["seconds_to_threshold"] for r in rows]),
+        "median_final_return": median([r["final_return"] for r in rows]),
+        "median_best_return": median([r["best_return"] for r in rows]),
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{args.env}-{args.algo}.json").write_text(json.dumps(summary, indent=1))
+    print(f"{args.env} {args.algo}: median steps to {args.threshold:g} = {summary['median_steps_to_threshold']}, "
+          f"median seconds = {summary['median_seconds_to_threshold']}, median final return = "
+          f"{summary['median_final_return']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,190 @@
+"""Tests for common/curve.py: CURVE over tcp:// admits authorized clients and nobody else.
+
+ThreadAuthenticator works on a zmq.asyncio.Context as well as a sync one: pyzmq creates
+its ZAP and pipe sockets with socket_class=zmq.Socket, so both are tested.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import zmq
+import zmq.asyncio
+
+from common.codec import Encoder
+from common.curve import CurveKeys, client_keys, make_keys, server_keys, start_authenticator
+from common.errors import ConfigError, TransportTimeout
+from common.transport import Channel
+from proto.messages import Heartbeat
+
+pytestmark = [pytest.mark.timeout(30),
+              pytest.mark.skipif(not zmq.has("curve"), reason="libzmq built without CURVE")]
+REFUSED_WITHIN = 0.7  # seconds a refused client is given to get a message through (it never does)
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_keys(tmp_path_factory.mktemp("curve") / "keys")
+
+
+@pytest.fixture(scope="module")
+def intruder(tmp_path_factory: pytest.TempPathFactory, keys: Path) -> CurveKeys:
+    """A well-formed key pair that knows the server key but is not in authorized/."""
+    public, secret = zmq.curve_keypair()
+    return CurveKeys(public, secret, server_keys(keys).public)
+
+
+@pytest.fixture
+def server(keys: Path) -> Iterator[tuple[zmq.asyncio.Context, Channel]]:
+    """An authenticated PULL channel on a random tcp port, and its context."""
+    ctx = zmq.asyncio.Context()
+    auth = start_authenticator(ctx, keys)
+    ch = Channel(ctx, "experience", "tcp://127.0.0.1:*", binding=True, encoder=Encoder("replay"),
+                 curve=server_keys(keys))
+    yield ctx, ch
+    auth.stop()
+    ctx.destroy(linger=0)
+
+
+def endpoint_of(ch: Channel) -> str:
+    return ch.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+
+
+async def deliver(server: Channel, curve: CurveKeys | None, timeout: float) -> bool:
+    """Whether one Heartbeat from a fresh client (own context) reaches the server in time."""
+    ctx = zmq.asyncio.Context()
+    client = Channel(ctx, "experience", endpoint_of(server), binding=False, encoder=Encoder("sampler"),
+                     curve=curve)
+    try:
+        await client.send(Heartbeat("sampler-1", "running"))
+        try:
+            _, msg = await server.recv(timeout=timeout)
+        except TransportTimeout:
+            return False
+        assert msg == Heartbeat("sampler-1", "running")
+        return True
+    finally:
+        ctx.destroy(linger=0)
+
+
+def test_authorized_client_is_served(server: tuple[zmq.asyncio.Context, Channel], keys: Path) -> None:
+    assert asyncio.run(deliver(server[1], client_keys(keys), timeout=10))
+
+
+def test_plain_client_gets_nothing_through(server: tuple[zmq.asyncio.Context, Channel], keys: Path) -> None:
+    assert not asyncio.run(deliver(server[1], None, timeout=REFUSED_WITHIN))
+    assert asyncio.run(deliver(server[1], client_keys(keys), timeout=10))  # the server still serves
+
+
+def test_unauthorized_key_pair_gets_nothing_through(server: tuple[zmq.asyncio.Context, Channel],
+                                                    intruder: CurveKeys, keys: Path) -> None:
+    assert not asyncio.run(deliver(server[1], intruder, timeout=REFUSED_WITHIN))
+    assert asyncio.run(deliver(server[1], client_keys(keys), timeout=10))
+
+
+def test_client_with_the_wrong_server_key_gets_nothing_through(
+        server: tuple[zmq.asyncio.Context, Channel], keys: Path) -> None:
+    good = client_keys(keys)
+    wrong = CurveKeys(good.public, good.secret, zmq.curve_keypair()[0])
+    assert not asyncio.run(deliver(server[1], wrong, timeout=REFUSED_WITHIN))
+
+
+def test_sync_context_works_too(keys: Path) -> None:
+    ctx = zmq.Context()
+    auth = start_authenticator(ctx, keys)
+    try:
+        pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+        server_keys(keys).apply(pull, server=True)
+        port = pull.bind_to_random_port("tcp://127.0.0.1")
+        client_keys(keys).apply(push, server=False)
+        push.connect(f"tcp://127.0.0.1:{port}")
+        push.send(b"hello")
+        assert pull.poll(10_000) and pull.recv() == b"hello"
+    finally:
+        auth.stop()
+        ctx.destroy(linger=0)
+
+
+# ------------------------------------------------------------------ key files
+
+def test_make_keys_layout_and_permissions(keys: Path) -> None:
+    assert stat.S_IMODE(os.stat(keys).st_mode) == 0o700
+    names = {p.name for p in keys.iterdir()}
+    assert {"server.key", "server.key_secret", "client.key", "client.key_secret", "authorized"} <= names
+    assert [p.name for p in (keys / "authorized").iterdir()] == ["client.key"]
+    for secret in keys.glob("*.key_secret"):
+        assert stat.S_IMODE(os.stat(secret).st_mode) & 0o077 == 0, secret
+
+
+def test_make_keys_keeps_the_server_pair(tmp_path: Path) -> None:
+    d = make_keys(tmp_path / "k")
+    first = server_keys(d)
+    make_keys(d, client_name="sampler-2")
+    assert server_keys(d) == first
+    assert client_keys(d, "sampler-2").server_public == first.public
+    assert len(list((d / "authorized").iterdir())) == 2
+
+
+def test_missing_client_key_names_the_path(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=str(tmp_path / "client.key_secret")):
+        client_keys(tmp_path)
+
+
+def test_missing_server_key_names_the_path(tmp_path: Path, keys: Path) -> None:
+    with pytest.raises(ConfigError, match=str(tmp_path / "server.key_secret")):
+        server_keys(tmp_path)
+    d = tmp_path / "client-only"
+    d.mkdir()
+    for name in ("client.key", "client.key_secret"):
+        (d / name).write_bytes((keys / name).read_bytes())
+    with pytest.raises(ConfigError, match=str(d / "server.key")):
+        client_keys(d)
+
+
+def test_public_only_file_is_not_a_secret_key(tmp_path: Path, keys: Path) -> None:
+    (tmp_path / "server.key_secret").write_bytes((keys / "server.key").read_bytes())
+    with pytest.raises(ConfigError, match="no secret key"):
+        server_keys(tmp_path)
+
+
+def test_corrupt_key_file_is_a_config_error(tmp_path: Path) -> None:
+    (tmp_path / "server.key_secret").write_text("not a certificate\n")
+    with pytest.raises(ConfigError, match="not a valid certificate"):
+        server_keys(tmp_path)
+
+
+def test_authenticator_needs_the_authorized_dir(tmp_path: Path) -> None:
+    ctx = zmq.asyncio.Context()
+    try:
+        with pytest.raises(ConfigError, match=str(tmp_path / "authorized")):
+            start_authenticator(ctx, tmp_path)
+    finally:
+        ctx.destroy(linger=0)
+
+
+def test_client_keys_require_the_server_key() -> None:
+    public, secret = zmq.curve_keypair()
+    ctx = zmq.Context()
+    try:
+        with pytest.raises(ConfigError, match="server's public key"):
+            CurveKeys(public, secret).apply(ctx.socket(zmq.PUSH), server=False)
+    finally:
+        ctx.destroy(linger=0)
+
+
+def test_server_without_authenticator_refuses_everyone(keys: Path) -> None:
+    """Fail closed: a CURVE server whose context runs no authenticator admits nobody."""
+    async def main() -> bool:
+        ctx = zmq.asyncio.Context()
+        try:
+            ch = Channel(ctx, "experience", "tcp://127.0.0.1:*", binding=True, encoder=Encoder("r"),
+                         curve=server_keys(keys))
+            return await deliver(ch, client_keys(keys), timeout=REFUSED_WITHIN)
+        finally:
+            ctx.destroy(linger=0)
+    assert not asyncio.run(main())

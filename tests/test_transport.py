@@ -1,0 +1,390 @@
+"""Tests for common/transport.py: real processes over ipc:// and tcp://, bad peers, errors.
+
+Child processes use the 'spawn' start method and run the functions below (importable as
+tests.test_transport); a child reports failure through its exit code and stderr.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import glob
+import json
+import multiprocessing as mp
+import os
+import shutil
+import stat
+import time
+from collections.abc import Iterator
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+import zmq
+import zmq.asyncio
+
+from common.codec import PROTOCOL_VERSION, Encoder, decode
+from common.errors import ConfigError, TransportTimeout
+from common.transport import IPC_PATH_MAX, ROLES, Channel, check_endpoint, ipc_endpoint, make_ipc_dir
+from proto.messages import (
+    Control, ControlReply, Error, Experience, Heartbeat, SampledBatch, SampleRequest,
+    TransitionLayout, from_envelope,
+)
+
+OBS, ACT = 3, 2
+WIDTH = TransitionLayout(OBS, ACT).width
+SPAWN = mp.get_context("spawn")
+CHILD_TIMEOUT = 30.0  # generous: spawning a child on a loaded 2-core machine takes seconds
+
+
+# ------------------------------------------------------------------ child processes
+
+def run_sample_client(endpoint: str, n: int) -> None:
+    """Child: send n pipelined SampleRequests, check every SampledBatch, then shut the server down."""
+    asyncio.run(_sample_client(endpoint, n))
+
+
+async def _sample_client(endpoint: str, n: int) -> None:
+    ctx = zmq.asyncio.Context()
+    ch = Channel(ctx, "sample", endpoint, binding=False, encoder=Encoder("learner-1"))
+    try:
+        for i in range(n):
+            await ch.send(SampleRequest(request_id=i, batch_size=8 + i))
+        seen = set()
+        for _ in range(n):
+            _, msg = await ch.recv(timeout=CHILD_TIMEOUT)
+            assert isinstance(msg, SampledBatch), msg
+            assert msg.transitions.shape == (8 + msg.request_id, WIDTH)
+            assert (msg.transitions == msg.request_id).all()
+            seen.add(msg.request_id)
+        assert seen == set(range(n)), seen
+        await ch.send(Control("shutdown", request_id=n))
+        _, reply = await ch.recv(timeout=CHILD_TIMEOUT)
+        assert isinstance(reply, ControlReply) and reply.ok and reply.request_id == n, reply
+    finally:
+        ch.close()
+        ctx.destroy(linger=0)
+
+
+def run_good_sampler(endpoint: str, n: int, batch: int) -> None:
+    """Child: push n Experience batches; every value of batch i is i."""
+    asyncio.run(_good_sampler(endpoint, n, batch))
+
+
+async def _good_sampler(endpoint: str, n: int, batch: int) -> None:
+    ctx = zmq.asyncio.Context()
+    ch = Channel(ctx, "experience", endpoint, binding=False, encoder=Encoder("good-sampler"))
+    try:
+        for i in range(1, n + 1):
+            m = np.full((batch, WIDTH), i, np.float32)
+            await ch.send(Experience(m, OBS, ACT, env_steps=i * batch))
+            await asyncio.sleep(0.002)  # spread out, so good and bad messages interleave
+    finally:
+        ch.close()  # PUSH lingers (ROLES) until its queue is flushed
+        ctx.term()
+
+
+def garbage_messages() -> list[tuple[str, list[bytes]]]:
+    """(expected error code, frames) for each message a misbehaving peer sends."""
+    rng = np.random.default_rng(1)
+    head = {"v": PROTOCOL_VERSION, "type": "experience", "sender": "bad", "session": "x", "seq": 1,
+            "ts": 0.0, "arrays": [["transitions", "float32", [1, WIDTH]]],
+            "body": {"obs_dim": OBS, "act_dim": ACT, "env_steps": 1}}
+    row = np.zeros((1, WIDTH), np.float32).tobytes()
+    out: list[tuple[str, list[bytes]]] = []
+    for i in range(5):
+        junk = b"\xc1" + rng.bytes(int(rng.integers(0, 200)))  # 0xc1 is never valid msgpack
+        out.append(("header", [junk, rng.bytes(8)]))
+        out.append(("version", [msgpack.packb({**head, "v": 99 + i}), row]))
+        bad_dtype = {**head, "arrays": [["transitions", "float128", [1, WIDTH]]]}
+        out.append(("array", [msgpack.packb(bad_dtype), row + row]))
+    return out
+
+
+def run_bad_sampler(endpoint: str) -> None:
+    """Child: a misbehaving peer sending raw frames that break the protocol."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PUSH)
+    sock.connect(endpoint)
+    for _, frames in garbage_messages():
+        sock.send_multipart(frames)
+        time.sleep(0.002)
+    sock.close(linger=5000)
+    ctx.term()
+
+
+# ------------------------------------------------------------------ helpers
+
+def start(target: Any, *args: Any) -> BaseProcess:
+    proc = SPAWN.Process(target=target, args=args, daemon=True)
+    proc.start()
+    return proc
+
+
+async def join(proc: BaseProcess, timeout: float = CHILD_TIMEOUT) -> int | None:
+    """Wait for a child without blocking the event loop; kill it if it overstays."""
+    deadline = time.monotonic() + timeout
+    while proc.is_alive() and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    if proc.is_alive():
+        proc.kill()
+        proc.join(5)
+    return proc.exitcode
+
+
+@pytest.fixture
+def ipc_dir() -> Iterator[str]:
+    d = make_ipc_dir("spzt-")
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def endpoint_for(kind: str, ipc_dir: str) -> str:
+    return ipc_endpoint(ipc_dir, "sample") if kind == "ipc" else "tcp://127.0.0.1:*"
+
+
+def bound(ch: Channel) -> str:
+    """The endpoint a channel actually bound (resolves tcp port '*')."""
+    return ch.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+
+
+# ------------------------------------------------------------------ real processes
+
+async def _serve_samples(ch: Channel) -> int:
+    served = 0
+    while True:
+        peer, msg = await ch.recv(timeout=CHILD_TIMEOUT)
+        if isinstance(msg, SampleRequest):
+            m = np.full((msg.batch_size, WIDTH), msg.request_id, np.float32)
+            await ch.send(SampledBatch(msg.request_id, m, OBS, ACT), to=peer)
+            served += 1
+        elif isinstance(msg, Control) and msg.command == "shutdown":
+            await ch.send(ControlReply(msg.request_id, True), to=peer)
+            return served
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["ipc", "tcp"])
+def test_request_reply_between_processes(kind: str, ipc_dir: str) -> None:
+    async def main() -> None:
+        ctx = zmq.asyncio.Context()
+        server = Channel(ctx, "sample", endpoint_for(kind, ipc_dir), binding=True, encoder=Encoder("replay"))
+        proc = start(run_sample_client, bound(server), 20)
+        try:
+            assert await _serve_samples(server) == 20
+            assert await join(proc) == 0
+            assert not server.errors
+        finally:
+            server.close()
+            ctx.destroy(linger=0)
+            if proc.is_alive():
+                proc.kill()
+    asyncio.run(main())
+
+
+@pytest.mark.timeout(60)
+def test_bad_peer_does_not_stop_good_peer(ipc_dir: str) -> None:
+    n, batch = 40, 64
+    bad = garbage_messages()
+
+    async def main() -> None:
+        ctx = zmq.asyncio.Context()
+        pull = Channel(ctx, "experience", ipc_endpoint(ipc_dir, "exp"), binding=True,
+                       encoder=Encoder("replay"))
+        procs = [start(run_good_sampler, pull.endpoint, n, batch), start(run_bad_sampler, pull.endpoint)]
+        try:
+            got = [await pull.recv(timeout=CHILD_TIMEOUT) for _ in range(n)]
+            assert [await join(p) for p in procs] == [0, 0]
+            with pytest.raises(TransportTimeout):  # the rest of the garbage, then nothing
+                await pull.recv(timeout=0.5)
+        finally:
+            pull.close()
+            ctx.destroy(linger=0)
+            for p in procs:
+                if p.is_alive():
+                    p.kill()
+        msgs = [m for _, m in got]
+        assert all(isinstance(m, Experience) for m in msgs)
+        assert [m.env_steps for m in msgs] == [i * batch for i in range(1, n + 1)]  # type: ignore[attr-defined]
+        assert all((m.transitions == i).all() for i, m in enumerate(msgs, 1))  # type: ignore[attr-defined]
+        want: dict[str, int] = {}
+        for code, _ in bad:
+            want[code] = want.get(code, 0) + 1
+        assert dict(pull.errors) == want
+    asyncio.run(main())
+
+
+# ------------------------------------------------------------------ in-process sockets
+
+@pytest.mark.timeout(20)
+def test_router_answers_a_bad_request_with_an_error(ipc_dir: str) -> None:
+    async def main() -> None:
+        ctx = zmq.asyncio.Context()
+        router = Channel(ctx, "sample", ipc_endpoint(ipc_dir, "s"), binding=True, encoder=Encoder("replay"))
+        good = Channel(ctx, "sample", router.endpoint, binding=False, encoder=Encoder("good"))
+        rogue = ctx.socket(zmq.DEALER)
+        rogue.connect(router.endpoint)
+        try:
+            await rogue.send_multipart([b"\xc1not msgpack"])
+            with pytest.raises(TransportTimeout):
+                await router.recv(timeout=0.5)  # the bad request is dropped, never returned
+            assert await rogue.poll(5000)
+            reply = from_envelope(decode(await rogue.recv_multipart(copy=False)))
+            assert isinstance(reply, Error) and reply.code == "header", reply
+            assert "msgpack" in reply.detail
+            assert dict(router.errors) == {"header": 1}
+            await good.send(SampleRequest(1, 4))  # the router still serves everyone
+            peer, msg = await router.recv(timeout=5)
+            assert msg == SampleRequest(1, 4) and peer is not None
+            await router.send(SampledBatch(1, np.zeros((4, WIDTH), np.float32), OBS, ACT), to=peer)
+            _, batch = await good.recv(timeout=5)
+            assert isinstance(batch, SampledBatch) and batch.request_id == 1
+            assert not await rogue.poll(100)  # the answer went to the good peer only
+        finally:
+            rogue.close(linger=0)
+            ctx.destroy(linger=0)
+    asyncio.run(main())
+
+
+@pytest.mark.timeout(20)
+def test_unknown_message_type_is_counted_and_skipped(ipc_dir: str) -> None:
+    async def main() -> None:
+        ctx = zmq.asyncio.Context()
+        pull = Channel(ctx, "experience", ipc_endpoint(ipc_dir, "e"), binding=True, encoder=Encoder("r"))
+        push = ctx.socket(zmq.PUSH)
+        push.connect(pull.endpoint)
+        try:
+            enc = Encoder("future-sampler")
+            await push.send_multipart(enc.encode("teleport", {"x": 1}))
+            await push.send_multipart(enc.encode("heartbeat", {"service_id": "s", "state": "running"}))
+            _, msg = await pull.recv(timeout=5)
+            assert msg == Heartbeat("s", "running")
+            assert dict(pull.errors) == {"unknown_type": 1}
+        finally:
+            push.close(linger=0)
+            ctx.destroy(linger=0)
+    asyncio.run(main())
+
+
+@pytest.mark.timeout(20)
+def test_recv_many_drains_queued_messages(ipc_dir: str) -> None:
+    async def main() -> None:
+        ctx = zmq.asyncio.Context()
+        pull = Channel(ctx, "experience", ipc_endpoint(ipc_dir, "e"), binding=True, encoder=Encoder("r"))
+        push = Channel(ctx, "experience", pull.endpoint, binding=False, encoder=Encoder("s"))
+        try:
+            for i in range(5):
+                await push.send(Heartbeat(f"s{i}", "running"))
+            await asyncio.sleep(0.2)  # all five are queued at the receiver
+            got = await pull.recv_many(3, timeout=5)
+            assert [m.service_id for _, m in got] == ["s0", "s1", "s2"]  # type: ignore[attr-defined]
+            got = await pull.recv_many(10, timeout=5)
+            assert [m.service_id for _, m in got] == ["s3", "s4"]  # type: ignore[attr-defined]
+        finally:
+            ctx.destroy(linger=0)
+    asyncio.run(main())
+
+
+@pytest.mark.timeout(20)
+def test_send_nowait_reports_a_full_queue(ipc_dir: str) -> None:
+    async def main() -> None:
+        ctx = zmq.asyncio.Context()
+        push = Channel(ctx, "experience", ipc_endpoint(ipc_dir, "nobody"), binding=False,
+                       encoder=Encoder("s"), hwm=2)
+        try:  # nobody receives: the queue fills at the HWM and PUSH must not block or drop
+            results = [push.send_nowait(Heartbeat("s", "running")) for _ in range(10)]
+            assert results[0] is True
+            assert results[-1] is False, results
+        finally:
+            ctx.destroy(linger=0)
+    asyncio.run(main())
+
+
+@pytest.mark.timeout(10)
+def test_recv_timeout_raises_transport_timeout(ipc_dir: str) -> None:
+    async def main() -> None:
+        ctx = zmq.asyncio.Context()
+        pull = Channel(ctx, "experience", ipc_endpoint(ipc_dir, "e"), binding=True, encoder=Encoder("r"))
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(TransportTimeout, match=r"experience .*within 0.2s"):
+                await pull.recv(timeout=0.2)
+            assert 0.15 <= time.monotonic() - t0 < 2.0
+        finally:
+            ctx.destroy(linger=0)
+    asyncio.run(main())
+
+
+# ------------------------------------------------------------------ configuration errors
+
+def test_ipc_dir_is_private_and_short(ipc_dir: str) -> None:
+    assert stat.S_IMODE(os.stat(ipc_dir).st_mode) == 0o700
+    assert len(ipc_endpoint(ipc_dir, "experience")) < 60
+
+
+def test_ipc_path_too_long_is_a_config_error(ipc_dir: str) -> None:
+    name = "x" * (IPC_PATH_MAX - len(ipc_dir))  # one byte over, counting the '/'
+    with pytest.raises(ConfigError, match="longer than 107"):
+        ipc_endpoint(ipc_dir, name)
+    assert ipc_endpoint(ipc_dir, name[:-1])  # exactly at the limit is fine
+
+
+@pytest.mark.timeout(10)
+def test_channel_rejects_a_too_long_ipc_path(ipc_dir: str) -> None:
+    ctx = zmq.asyncio.Context()
+    try:
+        with pytest.raises(ConfigError, match="ipc"):
+            Channel(ctx, "experience", f"ipc://{ipc_dir}/{'x' * 200}", binding=True, encoder=Encoder("r"))
+    finally:
+        ctx.destroy(linger=0)
+
+
+@pytest.mark.parametrize("endpoint", ["udp://127.0.0.1:5555", "http://x", "127.0.0.1:5555", "", "IPC:///tmp/x"])
+def test_bad_endpoint_scheme_is_a_config_error(endpoint: str) -> None:
+    with pytest.raises(ConfigError, match="must start with"):
+        check_endpoint(endpoint)
+    ctx = zmq.asyncio.Context()
+    try:
+        with pytest.raises(ConfigError, match=repr(endpoint).replace(".", r"\.")):
+            Channel(ctx, "experience", endpoint, binding=True, encoder=Encoder("r"))
+    finally:
+        ctx.destroy(linger=0)
+
+
+def test_experience_rides_a_socket_that_never_drops() -> None:
+    bind, connect = ROLES["experience"]
+    assert (bind.kind, connect.kind) == (zmq.PULL, zmq.PUSH)
+    for name, (b, c) in ROLES.items():
+        assert b.bind and not c.bind, name
+
+
+# ------------------------------------------------------------------ the transport benchmark
+
+@pytest.mark.timeout(60)
+def test_bench_transport_smoke(tmp_path: Any) -> None:
+    from bench.transport import run
+    out = tmp_path / "bench.json"
+    before = set(glob.glob("/tmp/spzb-*"))
+    result = run(batch_sizes=(64,), seconds=0.2, repeats=1, json_path=str(out))
+    assert set(glob.glob("/tmp/spzb-*")) <= before  # its ipc directory is gone
+    (row,) = result["results"]
+    assert row["batch"] == 64 and row["codec_tps"] > 0 and row["bare_tps"] > 0 and row["ratio"] > 0
+    assert json.loads(out.read_text())["results"][0]["batch"] == 64
+    assert not SPAWN.active_children() and not mp.active_children()
+
+
+@pytest.mark.timeout(60)
+def test_bench_cleans_up_after_a_dead_child() -> None:
+    from bench.transport import _one, _Pair
+    pair = _Pair()
+    try:
+        pair.start()
+        pair.procs[0].kill()  # the receiver dies
+        pair.procs[0].join(5)
+        with pytest.raises(RuntimeError, match="gone|died"):
+            _one(pair, "codec", 64, 0.1, 0.1)
+    finally:
+        pair.close()
+    assert not any(p.is_alive() for p in pair.procs)
+    assert not os.path.exists(pair.dir)

@@ -41,8 +41,9 @@ class Role:
 # name -> (role of the binding end, role of the connecting end). Rationale per line.
 ROLES: dict[str, tuple[Role, Role]] = {
     # Experience must never be dropped: PUSH blocks at the HWM (back-pressure to samplers).
-    # 64 batches in flight bound memory (64 x 4096 x 42 x 4 B = 44 MB) yet absorb jitter.
-    "experience": (Role(zmq.PULL, True, 64, 0), Role(zmq.PUSH, False, 64, 2000)),
+    # Small on purpose: every queued batch is data from an older policy that the replay's
+    # rate limiter cannot see; 2 + 2 batches (plus kernel buffers) absorb jitter.
+    "experience": (Role(zmq.PULL, True, 2, 0), Role(zmq.PUSH, False, 2, 2000)),
     # Request/reply: learners keep a few requests in flight (prefetch); 16 is plenty.
     "sample": (Role(zmq.ROUTER, True, 16, 0), Role(zmq.DEALER, False, 16, 0)),
     # Weights: only the newest matters, so tiny HWMs let stale versions drop at the PUB.

@@ -53,10 +53,25 @@ def test_fused_and_split_both_learn_pendulum(tmp_path: Path) -> None:
             assert {"env_steps", "updates", "wall_time", "return_mean"} <= set(e)
         assert (run / "checkpoints" / "best.pt").is_file()
         assert (run / "config.yaml").is_file()
+    ev = subprocess.run([sys.executable, "-m", "common.cli", "eval", str(tmp_path / "fused"), "--episodes", "2"],
+                        capture_output=True, text=True, timeout=120)
+    assert ev.returncode == 0, ev.stderr
+    assert "over 2 episodes" in ev.stdout
+    assert float(ev.stdout.split("return ")[1].split()[0]) > LEARNED
     assert results["fused"] > LEARNED, results
     assert results["split"] > LEARNED, results
     # comparable on the same budget: both far from random, within a few hundred of each other
     assert abs(results["fused"] - results["split"]) < 600, results
+
+
+@pytest.mark.timeout(200)
+def test_sac_split_learns_pendulum(tmp_path: Path) -> None:
+    run = tmp_path / "sac"
+    proc = train(run, "--algo", "sac", "--total-steps", "6000", "learner.mode=split")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert best_eval(run) > LEARNED
+    alphas = [r["alpha"] for r in records(run, "metrics") if r.get("service") == "actor_learner" and "alpha" in r]
+    assert alphas and alphas[-1] < 1.0  # the temperature was learned (starts at 1.0)
 
 
 @pytest.mark.timeout(300)
@@ -125,3 +140,33 @@ def test_unknown_env_is_refused_by_name(tmp_path: Path) -> None:
                            "--run-dir", str(tmp_path / "r")], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "NoSuchEnv-v9" in proc.stderr
+
+
+@pytest.mark.timeout(200)
+def test_sigint_stops_every_service_cleanly(tmp_path: Path) -> None:
+    run = tmp_path / "int"
+    cmd = [sys.executable, "-m", "common.cli", "train", "--run-dir", str(run), *FAST, "--total-steps", "1000000"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: True if env_steps(run) >= 256 else None, 90)
+        pids = {sid: row["pid"] for sid, row in json.loads((run / "services.json").read_text()).items()}
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out
+    assert "stopped: signal SIGINT" in out
+    for sid, pid in pids.items():
+        assert not pid_alive(pid), f"{sid} (pid {pid}) still runs"
+    assert (run / "checkpoints" / "learner.pt").is_file()  # final learner checkpoint on shutdown
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie awaiting its parent counts as gone
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split()[2] != "Z"

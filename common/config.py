@@ -19,6 +19,9 @@ from common.algorithms.td3 import TD3Config
 from common.errors import ConfigError
 
 
+MAX_PREFETCH = 16  # = the sample sockets' HWM (common/transport.py ROLES): a ROUTER silently drops beyond it
+
+
 @dataclass(frozen=True)
 class SamplerConfig:
     num_samplers: int = 1  # sampler processes started locally
@@ -64,6 +67,9 @@ class LearnerConfig:
     def validate(self) -> None:
         _choice(self, "mode", ("fused", "split"))
         _positive(self, "batch_size", "prefetch", "sync_every", "max_lag", "threads", "checkpoint_every_s")
+        if self.prefetch > MAX_PREFETCH:  # more replies than the sample sockets queue: ROUTER drops them
+            raise ConfigError(f"learner.prefetch={self.prefetch!r} must be <= {MAX_PREFETCH} "
+                              "(the sample socket's high-water mark)")
         _non_negative(self, "publish_interval")
         for name in ("actor_device", "critic_device"):
             value = getattr(self, name)
@@ -130,6 +136,13 @@ class Config:
                     raise
                 except ValueError as exc:
                     raise ConfigError(str(exc)) from None
+        lc = self.learner
+        delay = self.td3.policy_delay if self.algo == "td3" else 1
+        if lc.mode == "split" and lc.max_lag < lc.sync_every * delay - 1:
+            # the critic stops max_lag updates past the newest actor copy; the actor sends its next
+            # copy only after sync_every x delay critic updates: with less lag both wait forever
+            raise ConfigError(f"learner.max_lag={lc.max_lag} must be >= learner.sync_every x policy delay - 1 "
+                              f"= {lc.sync_every * delay - 1} in split mode, or the learners deadlock")
 
     @property
     def algo_config(self) -> TD3Config | SACConfig:

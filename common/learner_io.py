@@ -39,6 +39,7 @@ class BatchStream:
 
     async def next(self, stop: asyncio.Event) -> Batch | None:
         """Next batch, or None once `stop` is set."""
+        await asyncio.sleep(0)  # a ready socket never yields: let heartbeats and control run
         while self.in_flight < self.prefetch:
             self.next_id += 1
             await self.channel.send(SampleRequest(self.next_id, self.batch_size))
@@ -72,8 +73,12 @@ def atomic_save(obj: Any, path: str | Path) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    try:
+        torch.save(obj, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a failed save (disk full...) must not leave the partial file
+        raise
 
 
 def checkpoint_dir(run_dir: str) -> Path:

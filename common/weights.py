@@ -1,7 +1,7 @@
 """Weights over the wire: last-value-cached publishing and newest-only following.
 
 The publisher binds an XPUB socket with XPUB_VERBOSE: every (re)subscription reaches
-it, and it answers by re-sending its newest message, so a late joiner (a restarted or
+it, and it answers by re-sending its newest message of each net, so a late joiner (a restarted or
 remote sampler) gets current weights at once (zguide's last-value cache). Followers
 drain their SUB socket and keep only the newest version.
 """
@@ -55,25 +55,28 @@ def to_state(msg: Weights) -> State:
 
 
 class WeightsPublisher:
-    """Publishes one net's weights; re-sends the newest to every new subscriber."""
+    """Publishes weights; re-sends the newest of each net to every new subscriber."""
 
     def __init__(self, channel: Channel) -> None:
         self.channel = channel
         self.last: Weights | None = None
+        self.latest: dict[str, Weights] = {}  # newest per net: one publisher may carry several
         self.published = 0
 
     def publish(self, msg: Weights) -> None:
         self.last = msg
+        self.latest[msg.net] = msg
         self.channel.send_nowait(msg)  # XPUB drops for slow subscribers: only the newest matters
         self.published += 1
 
     async def serve_joins(self) -> None:
-        """Task: answer each subscription with the cached newest message."""
+        """Task: answer each subscription with the cached newest message of every net."""
         sock = self.channel.sock
         while True:
             frame = await sock.recv()
-            if frame[:1] == b"\x01" and self.last is not None:
-                self.channel.send_nowait(self.last)
+            if frame[:1] == b"\x01":
+                for msg in self.latest.values():
+                    self.channel.send_nowait(msg)
 
 
 class WeightsFollower:

@@ -271,12 +271,16 @@ def test_unknown_message_type_is_counted_and_skipped(ipc_dir: str) -> None:
 def test_recv_many_drains_queued_messages(ipc_dir: str) -> None:
     async def main() -> None:
         ctx = zmq.asyncio.Context()
-        pull = Channel(ctx, "experience", ipc_endpoint(ipc_dir, "e"), binding=True, encoder=Encoder("r"))
-        push = Channel(ctx, "experience", pull.endpoint, binding=False, encoder=Encoder("s"))
+        pull = Channel(ctx, "experience", ipc_endpoint(ipc_dir, "e"), binding=True, encoder=Encoder("r"),
+                       hwm=100)
+        push = Channel(ctx, "experience", pull.endpoint, binding=False, encoder=Encoder("s"), hwm=100)
         try:
             for i in range(5):
                 await push.send(Heartbeat(f"s{i}", "running"))
-            await asyncio.sleep(0.2)  # all five are queued at the receiver
+            deadline = time.monotonic() + 5  # until all five are queued at the receiver
+            while time.monotonic() < deadline and pull.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN == 0:
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.3)
             got = await pull.recv_many(3, timeout=5)
             assert [m.service_id for _, m in got] == ["s0", "s1", "s2"]  # type: ignore[attr-defined]
             got = await pull.recv_many(10, timeout=5)

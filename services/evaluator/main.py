@@ -74,7 +74,8 @@ class Evaluator(Service):
         state = to_state(msg)
         space = self.env.action_space
         actor = NumpyActor(state, self.cfg.algo, space.low, space.high)
-        returns, lengths = run_episodes(self.env, actor, self.cfg.eval.episodes)
+        # in a thread, so heartbeats and control keep flowing during long evaluations
+        returns, lengths = await asyncio.to_thread(run_episodes, self.env, actor, self.cfg.eval.episodes)
         result = EvalResult(actor_version=msg.version, env_steps=int(msg.extras.get("env_steps", 0)),
                             updates=msg.updates, return_mean=float(np.mean(returns)),
                             return_std=float(np.std(returns)), length_mean=float(np.mean(lengths)),

@@ -9,6 +9,7 @@ is the prefetch.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import deque
@@ -60,7 +61,8 @@ class Replay(Service):
         super().__init__(*args, **kwargs)
         self.layout, _, _ = env_spec(self.cfg.env)
         self.buffer = ReplayBuffer(self.cfg.replay.capacity, self.layout.obs_dim, self.layout.act_dim,
-                                   seed=self.cfg.seed + 17)
+                                   seed=self.cfg.seed + 17,
+                                   reject_non_finite=self.cfg.replay.reject_non_finite)
         self.limiter = RateLimiter(limiter_config(self.cfg))
         self.pending: deque[tuple[bytes, SampleRequest]] = deque()
         self.rejected = 0
@@ -89,6 +91,7 @@ class Replay(Service):
             if exp.sock in events:
                 self.take_experience(exp)
             await self.answer(smp)
+            await asyncio.sleep(0)  # ready sockets never yield: let heartbeats and control run
             if time.monotonic() - last_metrics >= METRICS_EVERY:
                 self.report()
                 last_metrics = time.monotonic()

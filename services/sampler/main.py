@@ -66,6 +66,7 @@ class Sampler(Service):
             if newest is not None:
                 self.take_weights(newest)
             await push.send(self.collect())
+            await asyncio.sleep(0)  # a send that does not block never yields: let heartbeats and control run
             now = time.monotonic()
             if now - last_metrics >= METRICS_EVERY:
                 self.report(now - last_metrics, self.envs.steps - last_steps)

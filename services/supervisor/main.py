@@ -59,12 +59,12 @@ def roster(cfg: Config) -> list[ServiceSpec]:
 
 
 class Supervisor:
-    def __init__(self, cfg: Config, quiet: bool = False) -> None:
+    def __init__(self, cfg: Config, quiet: bool = False, specs: list[ServiceSpec] | None = None) -> None:
         self.cfg, self.quiet = cfg, quiet
         self.run_dir = Path(cfg.run_dir)
         self.sock_dir = make_ipc_dir()
         self.endpoints = {name: ipc_endpoint(self.sock_dir, name) for name in ENDPOINT_NAMES}
-        self.children = {spec.service_id: Child(spec) for spec in roster(cfg)}
+        self.children = {spec.service_id: Child(spec) for spec in (roster(cfg) if specs is None else specs)}
         sc = cfg.supervisor
         self.policy = RestartPolicy(sc.max_restarts, sc.restart_window, sc.backoff)
         self.stop_reason = ""
@@ -161,10 +161,11 @@ class Supervisor:
         delay = self.policy.next_delay(child, now)
         sid = child.spec.service_id
         if delay is None:
-            self.emit("give_up", f"{sid} failed {self.policy.max_restarts} times within "
-                                 f"{self.policy.window:.0f}s; last: {why}", {"service": sid})
-            self.stop(f"{sid} keeps failing ({why}); see {self.run_dir / 'logs' / (sid + '.log')}",
-                      failure=True)
+            log_file = self.run_dir / "logs" / f"{sid}.log"
+            self.emit("give_up", f"{sid} failed {self.policy.max_restarts + 1} times within "
+                                 f"{self.policy.window:.0f}s; last: {why}; see {log_file}",
+                      {"service": sid, "log": str(log_file)})
+            self.stop(f"{sid} keeps failing ({why}); see {log_file}", failure=True)
             return
         child.restarts.append(now)
         child.total_restarts += 1

@@ -1,0 +1,98 @@
+"""common/envs.py: env checks, and EnvBatch's rows at truncation and termination."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from common.envs import EnvBatch, env_spec, make_env
+from common.errors import ConfigError
+
+pytestmark = pytest.mark.timeout(10)
+
+
+def test_make_env_refuses_unknown_ids_and_discrete_actions() -> None:
+    with pytest.raises(ConfigError, match="NoSuchEnv-v9"):
+        make_env("NoSuchEnv-v9")
+    with pytest.raises(ConfigError, match="CartPole-v1.*1-D Box"):
+        make_env("CartPole-v1")
+
+
+def test_env_spec_of_pendulum() -> None:
+    layout, low, high = env_spec("Pendulum-v1")
+    assert (layout.obs_dim, layout.act_dim, layout.width) == (3, 1, 9)
+    assert low.dtype == np.float32 and low.tolist() == [-2.0] and high.tolist() == [2.0]
+
+
+def test_rows_chain_obs_to_next_obs_and_count_steps() -> None:
+    envs = EnvBatch("Pendulum-v1", 3, seed=5)
+    rows = np.empty((2 * 3, envs.layout.width), np.float32)
+    rng = np.random.default_rng(0)
+    first = envs.obs.copy()
+    for t in range(2):
+        actions = envs.random_actions(rng)
+        assert actions.shape == (3, 1) and (actions >= -2).all() and (actions <= 2).all()
+        assert envs.step(actions, rows[3 * t:3 * t + 3]) == []
+        assert np.array_equal(envs.layout.columns(rows[3 * t:3 * t + 3])["action"], actions)
+    cols = envs.layout.columns(rows)
+    assert np.array_equal(cols["obs"][:3], first)
+    assert np.array_equal(cols["obs"][3:], cols["next_obs"][:3])  # step t+1 starts where t ended
+    assert np.array_equal(cols["next_obs"][3:], envs.obs)
+    assert envs.steps == 6 and (cols["done"] == 0).all()
+    envs.close()
+
+
+def test_truncation_is_not_done_and_keeps_the_true_final_obs() -> None:
+    """Pendulum truncates at 200 steps: done must stay 0 and next_obs must be the last
+    observation of the episode (as a reference env shows), not the reset one."""
+    n, seed = 2, 11
+    envs = EnvBatch("Pendulum-v1", n, seed=seed)
+    refs = [gym.make("Pendulum-v1") for _ in range(n)]
+    for i, ref in enumerate(refs):
+        ref.reset(seed=seed + i)
+    rng = np.random.default_rng(1)
+    rows = np.empty((n, envs.layout.width), np.float32)
+    for t in range(200):
+        actions = envs.random_actions(rng)
+        finished = envs.step(actions, rows)
+        ref_steps = [ref.step(actions[i]) for i, ref in enumerate(refs)]
+        if t < 199:
+            assert finished == []
+    cols = envs.layout.columns(rows)
+    assert all(truncated and not terminated for _, _, terminated, truncated, _ in ref_steps)
+    assert [length for _, length in finished] == [200, 200]
+    assert (cols["done"] == 0).all()
+    for i, (final_obs, reward, *_rest) in enumerate(ref_steps):
+        np.testing.assert_allclose(cols["next_obs"][i], final_obs, rtol=1e-6)
+        assert cols["reward"][i] == pytest.approx(reward, rel=1e-6)
+        reset_obs, _ = refs[i].reset()  # EnvBatch resets without a seed: same continuation
+        np.testing.assert_allclose(envs.obs[i], reset_obs, rtol=1e-6)
+        assert not np.allclose(cols["next_obs"][i], envs.obs[i])
+    assert (envs.ep_length == 0).all() and (envs.ep_return == 0).all()
+    envs.close()
+
+
+def test_termination_is_done_with_the_terminal_obs() -> None:
+    """InvertedPendulum terminates when the pole passes 0.2 rad: done=1 on that row only,
+    next_obs is the fallen state, and the env's next row starts from a fresh reset."""
+    envs = EnvBatch("InvertedPendulum-v5", 1, seed=3)
+    rng = np.random.default_rng(2)
+    rows = np.empty((300, envs.layout.width), np.float32)
+    ended: list[tuple[int, float, int]] = []
+    for t in range(300):
+        for ret, length in envs.step(envs.random_actions(rng), rows[t:t + 1]):
+            ended.append((t, ret, length))
+    cols = envs.layout.columns(rows)
+    done_rows = np.flatnonzero(cols["done"])
+    assert len(ended) >= 2, "random actions should drop the pole within a few dozen steps"
+    assert done_rows.tolist() == [t for t, _, _ in ended]
+    start = 0
+    for t, ret, length in ended:
+        assert abs(cols["next_obs"][t, 1]) > 0.2  # the angle that ended the episode
+        assert length == t - start + 1
+        assert ret == pytest.approx(float(cols["reward"][start:t + 1].sum()), rel=1e-5)
+        if t + 1 < len(rows):
+            assert abs(cols["obs"][t + 1, 1]) <= 0.01  # reset state, not the fallen one
+        start = t + 1
+    envs.close()

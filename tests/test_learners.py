@@ -1,0 +1,189 @@
+"""services/learner, actor_learner, critic_learner with a real replay service and sockets,
+all in one event loop: updates, weight publishing, pacing, lag limits, checkpoints."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import zmq
+
+from common.learner_io import atomic_save, checkpoint_dir
+from common.numpy_policy import NumpyActor
+from common.weights import WeightsFollower, WeightsPublisher, dense_message
+from proto.messages import Weights
+from services.actor_learner.main import ActorLearner
+from services.critic_learner.main import CriticLearner
+from services.learner.main import Learner
+from services.replay.main import Replay
+from tests.helpers import Harness, config, experience, layout_of, parts, run, until
+
+pytestmark = pytest.mark.timeout(10)
+# replay tolerance 0.05 + prefetch 1: error buffer 256 transitions = 8 batches of 32 past
+# the 64 inserted, so a fused learner fed 64 transitions does exactly 9 updates, then waits
+PACED = ["replay.tolerance=0.05", "learner.prefetch=1", "learner.publish_interval=0"]
+SPLIT = ["learner.mode=split", "replay.update_to_data=0", "learner.publish_interval=0",
+         "learner.sync_every=2"]
+
+
+async def replay_with(h: Harness, rows: int = 64) -> Replay:
+    r = h.build(Replay)
+    r.insert(experience(layout_of(h.cfg), rows), "sampler-0")
+    h.start(r.serve())
+    return r
+
+
+async def steady(probe: Any, seconds: float = 0.3) -> Any:
+    """The value of probe() after it stopped changing for `seconds` (fails if it keeps changing)."""
+    deadline = time.monotonic() + 5
+    value, since = probe(), time.monotonic()
+    while time.monotonic() - since < seconds:
+        assert time.monotonic() < deadline, f"still changing: {probe()}"
+        await asyncio.sleep(0.02)
+        if probe() != value:
+            value, since = probe(), time.monotonic()
+    return value
+
+
+async def settle(probe: Any, at_least: int) -> Any:
+    """Wait until probe() >= at_least, then return its value once it stopped changing."""
+    await until(lambda: probe() >= at_least, timeout=5, what=f"at least {at_least}")
+    return await steady(probe)
+
+
+async def collect(follower: WeightsFollower, want: set[str], timeout: float = 3.0,
+                  accept: Any = lambda m: True) -> dict[str, Weights]:
+    """Newest message per net until every net in `want` has an accepted one."""
+    seen: dict[str, Weights] = {}
+    deadline = time.monotonic() + timeout
+    while not want <= {k for k, m in seen.items() if accept(m)}:
+        assert time.monotonic() < deadline, f"got only {sorted(seen)} of {sorted(want)}"
+        await follower.channel.sock.poll(50, zmq.POLLIN)
+        seen.update(follower.poll())
+    return seen
+
+
+def test_fused_learner_updates_publishes_and_caches_weights(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with Harness(config(tmp_path, *PACED)) as h:
+            early = WeightsFollower(h.channel("weights", binding=False, name="actor_weights"))
+            r = await replay_with(h)
+            lrn = h.build(Learner)
+            task = h.start(lrn.serve())
+            updates = await settle(lambda: getattr(lrn, "updates", 0), 9)
+            assert updates == 9 and r.limiter.samples == 9 * 32
+            newest = (await collect(early, {"actor"}, accept=lambda m: m.version == 4))["actor"]
+            assert (newest.version, newest.updates) == (4, 8)  # 9 critic updates, policy delay 2
+            assert newest.extras["env_steps"] == 64
+            live = lrn.actor.actor_state()
+            for k, v in live.items():
+                np.testing.assert_array_equal(newest.dense[k], v)
+            NumpyActor(newest.dense, "td3", np.array([-2.0]), np.array([2.0]))  # samplers can load it
+            # a subscriber joining now, while the learner publishes nothing new, gets version 4
+            late = WeightsFollower(h.channel("weights", binding=False, name="actor_weights"))
+            assert (await late.wait("actor", 2)).version == 4
+            await h.stop(lrn, task)
+            await lrn.close()
+            ckpt = checkpoint_dir(str(tmp_path))
+            saved = torch.load(ckpt / "learner.pt", weights_only=False)
+            assert saved["updates"] == 9 and saved["env_steps"] == 64
+            assert saved["config"]["learner"]["prefetch"] == 1 and {"actor", "critic"} <= set(saved)
+            assert [p.name for p in ckpt.iterdir()] == ["learner.pt"]  # no temporary file left
+    run(body())
+
+
+def test_atomic_save_keeps_the_old_file_when_saving_fails(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "checkpoints" / "learner.pt"
+    atomic_save({"updates": 1}, path)
+
+    def broken(obj: Any, f: Any) -> None:
+        Path(f).write_bytes(b"partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", broken)
+    with pytest.raises(OSError, match="disk full"):
+        atomic_save({"updates": 2}, path)
+    monkeypatch.undo()
+    assert torch.load(path, weights_only=False) == {"updates": 1}
+    assert [p.name for p in path.parent.iterdir()] == ["learner.pt"]
+
+
+def critic_weights(h: Harness, updates: int) -> Weights:
+    _, critic = parts(h.cfg)
+    return dense_message("critic", updates, updates, critic.critic_state())
+
+
+def actor_pair(h: Harness, updates: int) -> list[Weights]:
+    actor, _ = parts(h.cfg)
+    target = actor.target_actor_state()
+    assert target is not None
+    return [dense_message("actor", updates // 2, updates, actor.actor_state()),
+            dense_message("actor_target", updates // 2, updates, target)]
+
+
+def test_actor_learner_waits_for_critic_updates(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with Harness(config(tmp_path, *SPLIT)) as h:
+            critic = WeightsPublisher(h.channel("weights", binding=True, name="critic_sync"))
+            h.start(critic.serve_joins())
+            to_critic = WeightsFollower(h.channel("weights", binding=False, name="actor_sync"))
+            r = await replay_with(h)
+            al = h.build(ActorLearner)
+            task = h.start(al.serve())
+            await until(lambda: hasattr(al, "actor"), what="actor built")
+            assert await steady(lambda: al.actor.updates) == 0 and r.limiter.samples == 0
+            critic.publish(critic_weights(h, updates=2))  # allows actor update 1 (policy delay 2)
+            assert await settle(lambda: al.actor.updates, 1) == 1 and al.critic_updates == 2
+            critic.publish(critic_weights(h, updates=6))
+            assert await settle(lambda: al.actor.updates, 3) == 3
+            assert r.limiter.samples == (3 + h.cfg.learner.prefetch - 1) * 32  # + requests in flight
+            sync = await collect(to_critic, {"actor", "actor_target"}, accept=lambda m: m.version == 2)
+            assert sync["actor"].updates == 4  # synced after actor update 2 (sync_every 2)
+            await h.stop(al, task)
+            await al.close()
+            assert torch.load(checkpoint_dir(str(tmp_path)) / "actor_learner.pt", weights_only=False)["updates"] == 3
+    run(body())
+
+
+def test_critic_learner_stops_at_max_lag(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with Harness(config(tmp_path, *SPLIT, "learner.max_lag=4")) as h:
+            actor = WeightsPublisher(h.channel("weights", binding=True, name="actor_sync"))
+            h.start(actor.serve_joins())
+            to_actor = WeightsFollower(h.channel("weights", binding=False, name="critic_sync"))
+            await replay_with(h)
+            cl = h.build(CriticLearner)
+            task = h.start(cl.serve())
+            await until(lambda: hasattr(cl, "critic"), what="critic built")
+            assert await settle(lambda: cl.critic.updates, 5) == 5  # 5 - 0 > max_lag
+            first, second = actor_pair(h, updates=8)
+            actor.publish(first)  # TD3 needs the target too: the actor alone must not count
+            assert await steady(lambda: cl.critic.updates, 0.2) == 5 and cl.actor_seen == 0
+            assert not task.done(), task
+            actor.publish(second)
+            assert await settle(lambda: cl.critic.updates, 13) == 13 and cl.actor_seen == 8
+            newest = await collect(to_actor, {"critic"}, accept=lambda m: m.updates == 12)
+            assert newest["critic"].version == 12  # sent every sync_every=2 critic updates
+            await h.stop(cl, task)
+    run(body())
+
+
+@pytest.mark.parametrize("max_lag", [3, 8])  # 3 = sync_every x policy_delay - 1: the least that works
+def test_split_pair_keeps_going(tmp_path: Path, max_lag: int) -> None:
+    async def body() -> None:
+        async with Harness(config(tmp_path, *SPLIT, f"learner.max_lag={max_lag}")) as h:
+            await replay_with(h)
+            cl, al = h.build(CriticLearner), h.build(ActorLearner)
+            h.start(cl.serve())
+            h.start(al.serve())
+            await until(lambda: hasattr(al, "actor") and al.actor.updates >= 12, timeout=6,
+                        what="actor updates")
+            assert cl.critic.updates >= 24
+            assert cl.critic.updates - cl.actor_seen <= max_lag + 1
+    run(body())

@@ -1,0 +1,136 @@
+"""services/sampler: collect() rows, warm-up, acting with the actor, set_param, serve()."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from common.numpy_policy import NumpyActor
+from common.weights import WeightsPublisher, dense_message
+from proto.messages import Control, Experience, Weights
+from services.sampler.main import Sampler
+from tests.helpers import Harness, config, parts, recv_until, run
+
+pytestmark = pytest.mark.timeout(10)
+
+
+def actor_weights(h: Harness, version: int = 5) -> Weights:
+    actor, _ = parts(h.cfg, seed=3)
+    return dense_message("actor", version, 2 * version, actor.actor_state(), {"env_steps": 0.0})
+
+
+def actions_by_step(s: Sampler, exp: Experience) -> tuple[np.ndarray, np.ndarray]:
+    """(obs, action) of an Experience as [steps, envs, dim] arrays."""
+    cols = s.layout.columns(exp.transitions)
+    n = len(s.envs)
+    return cols["obs"].reshape(-1, n, s.layout.obs_dim), cols["action"].reshape(-1, n, s.layout.act_dim)
+
+
+def test_collect_layout_steps_and_random_warmup(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with Harness(config(tmp_path, "sampler.warmup_steps=100")) as h:
+            s = h.build(Sampler, "sampler-0")
+            s.take_weights(actor_weights(h))  # held, but unused during warm-up
+            rng = copy.deepcopy(s.rng)
+            exp = s.collect()
+            assert exp.transitions.shape == (16, 9) and exp.transitions.dtype == np.float32
+            assert (exp.obs_dim, exp.act_dim, exp.env_steps, exp.actor_version) == (3, 1, 16, -1)
+            exp.check()
+            _, actions = actions_by_step(s, exp)
+            expected = np.stack([rng.uniform(s.envs.low, s.envs.high, (2, 1)).astype(np.float32)
+                                 for _ in range(8)])
+            np.testing.assert_array_equal(actions, expected)
+            assert (actions >= -2).all() and (actions <= 2).all() and actions.std() > 0.5
+            assert s.collect().env_steps == 32 and s.counters()["env_steps"] == 32
+    run(body())
+
+
+def test_collect_acts_with_the_actor_after_take_weights(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with Harness(config(tmp_path)) as h:
+            s = h.build(Sampler, "sampler-0")
+            msg = actor_weights(h, version=5)
+            s.take_weights(msg)
+            assert s.actor_version == 5 and s.counters()["actor_version"] == 5
+            rng = copy.deepcopy(s.rng)
+            exp = s.collect()
+            assert exp.actor_version == 5
+            obs, actions = actions_by_step(s, exp)
+            ref = NumpyActor(msg.dense, "td3", s.envs.low, s.envs.high, h.cfg.td3.exploration_noise)
+            random_like = copy.deepcopy(rng)
+            for t in range(len(obs)):
+                np.testing.assert_allclose(actions[t], ref.act(obs[t], rng, explore=True), rtol=1e-6)
+                assert not np.allclose(actions[t], s.envs.random_actions(random_like))
+                noise = np.abs(actions[t] - ref.mean_action(obs[t]))
+                assert (noise <= 5 * h.cfg.td3.exploration_noise * 2.0).all()  # 5 std of 0.1 x half range 2
+            s.take_weights(actor_weights(h, version=9))  # a second message loads in place
+            assert s.actor_version == 9 and s.collect().actor_version == 9
+    run(body())
+
+
+def test_truncated_episode_is_reported_and_not_done(tmp_path: Path) -> None:
+    cfg = config(tmp_path, "sampler.envs_per_sampler=1", "sampler.steps_per_push=200",
+                 "sampler.warmup_steps=1000")
+
+    async def body() -> None:
+        async with Harness(cfg) as h:
+            s = h.build(Sampler, "sampler-0")
+            exp = s.collect()
+            cols = s.layout.columns(exp.transitions)
+            assert (cols["done"] == 0).all()
+            assert exp.episode_lengths == [200]
+            assert exp.episode_returns[0] == pytest.approx(float(cols["reward"].sum()), rel=1e-5)
+            assert not np.allclose(cols["next_obs"][-1], s.envs.obs[0])  # final obs, not the reset one
+            assert s.returns == exp.episode_returns
+    run(body())
+
+
+def test_terminal_rows_are_done_in_a_terminating_env(tmp_path: Path) -> None:
+    cfg = config(tmp_path, "env=InvertedPendulum-v5", "sampler.steps_per_push=100",
+                 "sampler.warmup_steps=1000")
+
+    async def body() -> None:
+        async with Harness(cfg) as h:
+            s = h.build(Sampler, "sampler-0")
+            exp = s.collect()
+            cols = s.layout.columns(exp.transitions)
+            done = cols["done"] == 1
+            assert done.sum() == len(exp.episode_returns) >= 2
+            assert (np.abs(cols["next_obs"][done, 1]) > 0.2).all()
+            assert set(np.unique(cols["done"])) == {0.0, 1.0}
+    run(body())
+
+
+def test_set_param_steps_per_push(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with Harness(config(tmp_path)) as h:
+            s = h.build(Sampler, "sampler-0")
+            assert s.on_control(Control("set", 1, "steps_per_push", 3)).ok
+            assert len(s.collect().transitions) == 3 * 2
+            for rid, (key, value) in enumerate([("steps_per_push", 0), ("steps_per_push", -2),
+                                                ("steps_per_push", "8"), ("steps_per_push", True),
+                                                ("steps_per_push", 2.0), ("warmup_steps", 5)], 2):
+                reply = s.on_control(Control("set", rid, key, value))
+                assert not reply.ok and key in reply.detail and repr(value) in reply.detail, reply
+            assert s.steps_per_push == 3
+    run(body())
+
+
+def test_serve_pushes_experience_and_follows_published_weights(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with Harness(config(tmp_path)) as h:
+            pull = h.channel("experience", binding=True)
+            pub = WeightsPublisher(h.channel("weights", binding=True, name="actor_weights"))
+            h.start(pub.serve_joins())
+            s = h.build(Sampler, "sampler-0")
+            task = h.start(s.serve())
+            first = await recv_until(pull, lambda m: isinstance(m, Experience))
+            assert isinstance(first, Experience) and first.actor_version == -1
+            pub.publish(actor_weights(h, version=4))
+            acted = await recv_until(pull, lambda m: isinstance(m, Experience) and m.actor_version == 4)
+            assert isinstance(acted, Experience) and acted.env_steps > first.env_steps
+            await h.stop(s, task)
+    run(body())

@@ -1,0 +1,203 @@
+"""services/supervisor: restart policy, roster, progress numbers, and short real runs
+(a test-only service that crashes at once, one that idles, and no service at all)."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq.asyncio
+
+from common.codec import Encoder
+from common.config import Config
+from common.transport import Channel
+from proto.messages import EvalResult, Event, Metrics
+from services.supervisor.main import Supervisor, roster
+from services.supervisor.processes import Child, RestartPolicy, ServiceSpec
+from services.supervisor.progress import Progress
+from tests.helpers import config
+
+pytestmark = pytest.mark.timeout(10)
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def records(path: Path, kind: str) -> list[dict[str, Any]]:
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in rows if r["kind"] == kind]
+
+
+# ------------------------------------------------------------------ restart policy
+
+def test_restart_backoff_doubles_then_gives_up() -> None:
+    policy = RestartPolicy(max_restarts=3, window=10.0, backoff=0.5)
+    child = Child(ServiceSpec("sampler-0", "sampler", "services.sampler"))
+    delays = []
+    for now in (0.0, 1.0, 2.0):
+        delays.append(policy.next_delay(child, now))
+        child.restarts.append(now)  # what Supervisor.crashed records
+    assert delays == [0.5, 1.0, 2.0]
+    assert policy.next_delay(child, 3.0) is None
+
+
+def test_restarts_leave_the_window() -> None:
+    policy = RestartPolicy(max_restarts=3, window=10.0, backoff=0.5)
+    child = Child(ServiceSpec("sampler-0", "sampler", "services.sampler"))
+    child.restarts.extend([0.0, 1.0, 2.0])
+    assert policy.next_delay(child, 10.5) == 2.0  # the restart at 0 expired; two remain
+    assert list(child.restarts) == [1.0, 2.0]
+    assert policy.next_delay(child, 12.5) == 0.5 and not child.restarts
+    assert RestartPolicy(0, 10.0, 1.0).next_delay(Child(child.spec), 0.0) is None
+
+
+# ------------------------------------------------------------------ roster
+
+def test_roster_fused_and_split(tmp_path: Path) -> None:
+    fused = roster(config(tmp_path, "sampler.num_samplers=2", "learner.threads=3"))
+    assert [(s.service_id, s.role, s.threads) for s in fused] == [
+        ("replay", "replay", 1), ("learner", "learner", 3), ("evaluator", "evaluator", 1),
+        ("sampler-0", "sampler", 1), ("sampler-1", "sampler", 1)]
+    split = roster(config(tmp_path, "learner.mode=split"))
+    assert [s.service_id for s in split] == ["replay", "critic_learner", "actor_learner", "evaluator",
+                                             "sampler-0"]
+    for spec in fused + split:  # every module is runnable with python -m
+        assert importlib.util.find_spec(f"{spec.module}.__main__") is not None, spec
+
+
+# ------------------------------------------------------------------ progress
+
+def test_progress_aggregates(tmp_path: Path) -> None:
+    p = Progress(tmp_path / "metrics.jsonl", total_steps=1000, time_limit=0.0)
+    assert (p.env_steps, p.updates, p.remaining(0.0)) == (0, 0, None)
+    p.take(Metrics("replay", {"inserted": 400}))
+    p.take(Metrics("learner", {"updates": 200, "update_frame_rate": 6400.0}))
+    p.take(Metrics("sampler-0", {"env_steps": 390}))
+    s = p.summary()
+    assert (s["env_steps"], s["updates"], s["update_to_data"]) == (400, 200, 0.5)
+    assert s["update_frame_rate"] == 6400.0 and s["sampling_hz"] > 0
+    assert s["remaining"] == pytest.approx(600 / s["sampling_hz"])
+    p.take(Metrics("replay", {"inserted": 600}))
+    p.take(Metrics("learner", {"updates": 400, "update_frame_rate": 6400.0}))
+    assert p.summary()["update_to_data"] == 1.0  # rates over the window since the last call
+    line = p.line()
+    assert "steps 600/1,000" in line and "updates 400" in line and "eval -" in line
+    p.close()
+
+
+def test_progress_split_learners_and_time_limit(tmp_path: Path) -> None:
+    p = Progress(tmp_path / "metrics.jsonl", total_steps=10**6, time_limit=100.0)
+    p.take(Metrics("critic_learner", {"updates": 50, "update_frame_rate": 100.0}))
+    p.take(Metrics("actor_learner", {"updates": 25, "update_frame_rate": 50.0}))
+    assert p.updates == 50  # the critic's count is the run's update count
+    assert p.sum_of("update_frame_rate", ("learner", "critic_learner", "actor_learner")) == 150.0
+    remaining = p.remaining(0.0)
+    assert remaining is not None and 99.0 < remaining <= 100.0
+    assert p.remaining(1e9) == pytest.approx(10**6 / 1e9)  # the sooner of the two budgets
+    p.close()
+
+
+def test_progress_writes_eval_event_and_progress_records(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    p = Progress(path, total_steps=1000, time_limit=0.0)
+    p.take(EvalResult(actor_version=3, env_steps=500, updates=250, return_mean=-300.5, return_std=2.0,
+                      length_mean=200.0, episodes=2, returns=[-298.5, -302.5]))
+    p.take(Event("restart", "sampler-0 exited with code 1", {"service": "sampler-0", "delay": 1.0}))
+    assert "eval -300 @0k" in p.line()
+    p.close()
+    (ev,) = records(path, "eval")
+    assert {"kind", "env_steps", "updates", "wall_time", "return_mean"} <= set(ev)
+    assert (ev["env_steps"], ev["updates"], ev["return_mean"], ev["actor_version"]) == (500, 250, -300.5, 3)
+    (event,) = records(path, "event")
+    assert event["event"] == "restart" and event["service"] == "sampler-0" and "code 1" in event["reason"]
+    assert len(records(path, "progress")) == 1
+
+
+# ------------------------------------------------------------------ runs
+
+def run_supervisor(cfg: Config, specs: list[ServiceSpec], during: Any = None) -> tuple[int, Supervisor]:
+    sup = Supervisor(cfg, quiet=True, specs=specs)
+
+    async def body() -> int:
+        task = asyncio.ensure_future(sup.run())
+        if during is not None:
+            await during(sup, task)
+        return await asyncio.wait_for(task, 8)
+    return asyncio.run(body()), sup
+
+
+def run_config(tmp_path: Path, *overrides: str) -> Config:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    return config(run_dir, "supervisor.progress_every=60", *overrides)
+
+
+def test_a_service_that_keeps_crashing_stops_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    cfg = run_config(tmp_path, "supervisor.max_restarts=1", "supervisor.backoff=0.05")
+    rc, sup = run_supervisor(cfg, [ServiceSpec("crasher", "sampler", "tests.crashing_service")])
+    run_dir = Path(cfg.run_dir)
+    log = run_dir / "logs" / "crasher.log"
+    assert rc == 1
+    assert sup.failure is not None and "crasher keeps failing (exited with code 3)" in sup.failure
+    assert str(log) in sup.failure
+    assert log.read_text().count("exiting with code 3 on purpose") == 2  # first run + one restart
+    events = records(run_dir / "metrics.jsonl", "event")
+    assert [(e["event"], e["service"]) for e in events] == [("restart", "crasher"), ("give_up", "crasher")]
+    give_up = events[1]
+    assert "failed 2 times" in give_up["reason"] and "code 3" in give_up["reason"]  # first run + 1 restart
+    assert give_up["log"] == str(log) and str(log) in give_up["reason"]
+    assert json.loads((run_dir / "services.json").read_text())["crasher"]["restarts"] == 1
+    assert not Path(sup.sock_dir).exists()
+
+
+def test_a_registered_service_heartbeats_and_exits_on_shutdown(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    cfg = run_config(tmp_path, "supervisor.heartbeat_interval=0.1")
+
+    async def during(sup: Supervisor, task: asyncio.Task[int]) -> None:
+        child = sup.children["idle-0"]
+        deadline = time.monotonic() + 7
+        while not (child.registered and child.last_heartbeat > child.started + 0.3):
+            assert time.monotonic() < deadline and not task.done(), "no registration/heartbeats"
+            await asyncio.sleep(0.05)
+        sup.stop("test done")
+
+    rc, sup = run_supervisor(cfg, [ServiceSpec("idle-0", "idle", "tests.idle_service")], during)
+    child = sup.children["idle-0"]
+    assert rc == 0 and sup.stop_reason == "test done"
+    assert child.proc is not None and child.proc.returncode == 0  # exited by itself on shutdown
+    assert child.total_restarts == 0 and child.state == "running"
+    row = json.loads((Path(cfg.run_dir) / "services.json").read_text())["idle-0"]
+    assert row["state"] == "running" and row["pid"] == child.proc.pid
+
+
+def test_time_limit_stops_a_run(tmp_path: Path) -> None:
+    rc, sup = run_supervisor(run_config(tmp_path, "time_limit=0.3"), [])
+    assert rc == 0 and sup.stop_reason == "time limit of 0s reached"
+
+
+def test_replay_metrics_reaching_the_budget_stop_the_run(tmp_path: Path) -> None:
+    cfg = run_config(tmp_path, "total_steps=500")
+
+    async def during(sup: Supervisor, task: asyncio.Task[int]) -> None:
+        ctx = zmq.asyncio.Context()
+        while "metrics_in" not in sup.endpoints:
+            await asyncio.sleep(0.01)
+        pub = Channel(ctx, "metrics_in", sup.endpoints["metrics_in"], binding=False, encoder=Encoder("replay"))
+        try:
+            while not task.done():  # PUB drops until the subscription arrives: repeat
+                pub.send_nowait(Metrics("replay", {"inserted": 500, "replay_size": 500}))
+                await asyncio.sleep(0.02)
+        finally:
+            ctx.destroy(linger=0)
+
+    rc, sup = run_supervisor(cfg, [], during)
+    assert rc == 0 and sup.stop_reason == "budget of 500 env steps reached"
+    rows = records(Path(cfg.run_dir) / "metrics.jsonl", "metrics")
+    assert rows and rows[0]["service"] == "replay" and rows[0]["inserted"] == 500
+    assert records(Path(cfg.run_dir) / "metrics.jsonl", "progress")[-1]["env_steps"] == 500

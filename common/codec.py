@@ -173,7 +173,11 @@ def _unpack_header(frame: Any, limits: Limits) -> dict[str, Any]:
     version = head.get("v")
     if version != PROTOCOL_VERSION or type(version) is not int:  # 1.0 and True are not 1
         raise VersionError(f"protocol version {version!r:.40} != supported {PROTOCOL_VERSION}")
-    _check_types(head)
+    if (type(head.get("type")) is not str or type(head.get("sender")) is not str
+            or type(head.get("session")) is not str or type(head.get("seq")) is not int
+            or type(head.get("ts")) not in _NUMBER or type(head.get("arrays")) is not list
+            or type(head.get("body")) is not dict):
+        _check_types(head)  # the slow path names the bad field
     _check_tree(head["body"], limits.max_depth)
     return head
 
@@ -184,6 +188,7 @@ _HEADER_TYPES: tuple[tuple[str, frozenset[type]], ...] = (
     ("body", frozenset({dict})),
 )
 _SCALAR_TYPES = frozenset(_SCALARS)
+_NUMBER = frozenset({int, float})
 
 
 def _check_types(head: dict[str, Any]) -> None:

@@ -278,11 +278,13 @@ class _Schema:
     arrays: tuple[tuple[str, bool], ...]  # (name, required)
     maps: tuple[str, ...]
     body: tuple[tuple[str, frozenset[type] | None, bool], ...]  # (name, accepted types | any, required)
+    body_names: tuple[str, ...]
+    omit_empty: frozenset[str]  # optional list/dict fields left out of the header when empty
 
 
 def _schema(cls: type) -> _Schema:
     hints = typing.get_type_hints(cls)
-    arrays, maps, body = [], [], []
+    arrays, maps, body, omit = [], [], [], []
     for f in dataclasses.fields(cls):
         hint = hints[f.name]
         required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
@@ -292,7 +294,9 @@ def _schema(cls: type) -> _Schema:
             maps.append(f.name)
         else:
             body.append((f.name, _PY_TYPES.get(typing.get_origin(hint) or hint), required))
-    return _Schema(tuple(arrays), tuple(maps), tuple(body))
+            if f.default_factory in (list, dict):
+                omit.append(f.name)
+    return _Schema(tuple(arrays), tuple(maps), tuple(body), tuple(b[0] for b in body), frozenset(omit))
 
 
 MESSAGE_TYPES: dict[str, type[Message]] = {
@@ -305,7 +309,12 @@ _SCHEMAS: dict[type, _Schema] = {cls: _schema(cls) for cls in MESSAGE_TYPES.valu
 def to_frames(msg: Message, encoder: Encoder) -> list[Any]:
     """Encode a message into multipart frames (arrays not copied)."""
     schema = _SCHEMAS[type(msg)]
-    body = {name: getattr(msg, name) for name, _, _ in schema.body}
+    omit = schema.omit_empty
+    body = {}
+    for name in schema.body_names:
+        value = getattr(msg, name)
+        if value or name not in omit:
+            body[name] = value
     arrays = {name: getattr(msg, name) for name, _ in schema.arrays}
     for name in schema.maps:
         for key, arr in getattr(msg, name).items():
@@ -326,19 +335,20 @@ def from_envelope(env: Envelope) -> Message:
         if value is None:
             if required:
                 raise SchemaError(f"{env.type}: required field {name!r} is missing")
-        elif accepts is not None and type(value) not in accepts:
+        elif accepts is None or type(value) in accepts:
+            kwargs[name] = value
+        else:
             raise SchemaError(f"{env.type}.{name}={value!r:.60} is a {type(value).__name__}, "
                               f"expected {'/'.join(sorted(t.__name__ for t in accepts))}")
-        else:
-            kwargs[name] = value
+    arrays = env.arrays
     for name, required in schema.arrays:
-        value = env.arrays.get(name)
+        value = arrays.get(name)
         if value is not None:
             kwargs[name] = value
         elif required:
             raise SchemaError(f"{env.type}: required array {name!r} is missing")
     if schema.maps:
-        kwargs.update(_collect_maps(env.arrays, schema.maps))
+        kwargs.update(_collect_maps(arrays, schema.maps))
     msg = cls(**kwargs)
     msg.check()
     return msg

@@ -26,7 +26,7 @@ MAX_PREFETCH = 16  # = the sample sockets' HWM (common/transport.py ROLES): a RO
 class SamplerConfig:
     num_samplers: int = 1  # sampler processes started locally
     envs_per_sampler: int = 4  # vectorized envs stepped by each sampler process
-    steps_per_push: int = 64  # env steps per env between Experience pushes (batch = this x envs)
+    steps_per_push: int = 16  # env steps per env between Experience pushes (batch = this x envs)
     warmup_steps: int = 10_000  # total env steps (all samplers) acting uniformly at random
 
     def validate(self) -> None:
@@ -79,7 +79,7 @@ class LearnerConfig:
 
 @dataclass(frozen=True)
 class EvalConfig:
-    every_updates: int = 5_000  # evaluate when the actor has done this many more updates
+    every_updates: int = 2_500  # evaluate when the learner has done this many more updates
     every_seconds: float = 0.0  # or when this many seconds passed (0 = off)
     episodes: int = 5  # deterministic episodes per evaluation
 

@@ -114,4 +114,4 @@ def test_field_docs_cover_every_leaf() -> None:
     missing = [key for key, _, doc in rows if not doc.strip()]
     assert not missing, missing
     defaults = dict((key, default) for key, default, _ in rows)
-    assert defaults["replay.capacity"] == "1000000" and defaults["td3.hidden"] == "(256, 256)"
+    assert defaults["replay.capacity"] == "1000000" and defaults["td3.hidden"] == "(64, 64)"

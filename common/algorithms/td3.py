@@ -26,7 +26,7 @@ from common.networks import DeterministicActor, TwinCritic
 class TD3Config:
     """TD3 hyperparameters (defaults: the TD3 paper / DS-TD3 paper)."""
 
-    hidden: tuple[int, ...] = (256, 256)  # MLP hidden sizes of the actor and both critics
+    hidden: tuple[int, ...] = (64, 64)  # MLP hidden sizes, actor and critics (paper: 256, 256; 64-64 learns HalfCheetah as fast per step at ~1/5 the CPU)
     actor_lr: float = 1e-3  # Adam learning rate of the actor
     critic_lr: float = 1e-3  # Adam learning rate of the twin critics
     weight_decay: float = 0.0  # Adam (L2) weight decay; the DS-TD3 paper used 2e-4

@@ -152,3 +152,19 @@ def optimizer_state(opt: torch.optim.Optimizer) -> dict[str, Any]:
 def module_snapshot(module: nn.Module) -> dict[str, torch.Tensor]:
     """A cloned ``state_dict`` (not aliased to live tensors), torch.save-able."""
     return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+def save_critics(part: Any) -> dict[str, Any]:
+    """What every critic part checkpoints: critics, targets, optimizer, noise RNG, count."""
+    return {"critic": module_snapshot(part.critic), "updates": part.updates,
+            "critic_target": module_snapshot(part.critic_target), "opt": optimizer_state(part.opt),
+            "generator": part.generator.get_state()}
+
+
+def load_critics(part: Any, d: dict[str, Any]) -> None:
+    """Inverse of `save_critics`."""
+    part.critic.load_state_dict(d["critic"])
+    part.critic_target.load_state_dict(d["critic_target"])
+    part.opt.load_state_dict(d["opt"])
+    part.generator.set_state(d["generator"])
+    part.updates = int(d["updates"])

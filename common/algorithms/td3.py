@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from common.algorithms.base import (Batch, State, adam, check, check_hidden,
+from common.algorithms.base import (load_critics, save_critics, Batch, State, adam, check, check_hidden,
                                     load_module_state, module_snapshot, module_state,
                                     optimizer_state, params, polyak, scalars)
 from common.networks import DeterministicActor, TwinCritic
@@ -169,19 +169,12 @@ class TD3CriticPart:
         load_module_state(self.actor_target, target)
 
     def save(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"critic": module_snapshot(self.critic), "updates": self.updates,
-                             "critic_target": module_snapshot(self.critic_target),
-                             "opt": optimizer_state(self.opt),
-                             "generator": self.generator.get_state()}
+        d = save_critics(self)
         if not self.shared:
             d["actor_target"] = module_snapshot(self.actor_target)
         return d
 
     def load(self, d: dict[str, Any]) -> None:
-        self.critic.load_state_dict(d["critic"])
-        self.critic_target.load_state_dict(d["critic_target"])
-        self.opt.load_state_dict(d["opt"])
-        self.generator.set_state(d["generator"])
-        self.updates = int(d["updates"])
+        load_critics(self, d)
         if not self.shared:
             self.actor_target.load_state_dict(d["actor_target"])

@@ -190,8 +190,9 @@ def test_bad_peer_does_not_stop_good_peer(ipc_dir: str) -> None:
 
     async def main() -> None:
         ctx = zmq.asyncio.Context()
+        # a deep receive queue: every garbage frame must arrive while the test joins the children
         pull = Channel(ctx, "experience", ipc_endpoint(ipc_dir, "exp"), binding=True,
-                       encoder=Encoder("replay"))
+                       encoder=Encoder("replay"), hwm=1000)
         procs = [start(run_good_sampler, pull.endpoint, n, batch), start(run_bad_sampler, pull.endpoint)]
         try:
             got = [await pull.recv(timeout=CHILD_TIMEOUT) for _ in range(n)]

@@ -1,7 +1,7 @@
 """`spreeze bench transport`: the codec's cost over bare pyzmq, sender -> receiver over ipc://.
 
-One sender process pushes Experience batches to one receiver process (PUSH/PULL, the HWMs
-of transport.ROLES["experience"]). Two paths move the same bytes:
+One sender process pushes Experience batches to one receiver process (PUSH/PULL, socket types
+of transport.ROLES["experience"], queue depth BENCH_HWM). Two paths move the same bytes:
   codec: Experience -> to_frames -> send_multipart(copy=False) -> recv_multipart(copy=False)
          -> decode -> from_envelope -> count rows;
   bare:  a prebuilt header frame + the same array buffer, counted from the frame length.
@@ -32,6 +32,11 @@ import zmq
 
 from common.codec import Encoder, decode
 from common.transport import ROLES, ipc_endpoint, make_ipc_dir
+
+# Queue depth for the measurement. The training system keeps experience queues at
+# ROLES["experience"] (2 batches: freshness of data); a throughput measurement of the
+# codec needs enough depth that neither side waits on the other's scheduling.
+BENCH_HWM = 64
 from proto.messages import Experience, from_envelope, to_frames
 
 OBS_DIM, ACT_DIM = 17, 6  # HalfCheetah
@@ -49,8 +54,8 @@ END = b"END"  # one-frame sentinel: the sender's last message of a measurement
 def _socket(ctx: zmq.Context, binding: bool, endpoint: str) -> zmq.Socket:
     spec = ROLES["experience"][0 if binding else 1]
     sock = ctx.socket(spec.kind)
-    sock.setsockopt(zmq.SNDHWM, spec.hwm)
-    sock.setsockopt(zmq.RCVHWM, spec.hwm)
+    sock.setsockopt(zmq.SNDHWM, BENCH_HWM)
+    sock.setsockopt(zmq.RCVHWM, BENCH_HWM)
     sock.setsockopt(zmq.LINGER, spec.linger_ms)
     sock.setsockopt(zmq.RCVTIMEO, int(STALL_S * 1000))  # no wait outlives a dead peer
     sock.setsockopt(zmq.SNDTIMEO, int(STALL_S * 1000))

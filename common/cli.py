@@ -14,6 +14,7 @@ import yaml
 
 from common.config import Config, field_docs, load_config, to_dict
 from common.errors import SpreezeError
+from common.sparse import NETWORKS
 
 
 def _train_parser(sub: argparse._SubParsersAction) -> None:
@@ -27,6 +28,8 @@ def _train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", help="YAML config file (see configs/); overrides apply on top")
     p.add_argument("--env", help="gymnasium environment id (config key env)")
     p.add_argument("--algo", choices=("td3", "sac"), help="algorithm (config key algo)")
+    p.add_argument("--network", choices=NETWORKS,
+                   help="dense, static sparse or dynamic sparse (ds) networks (config key sparse.network)")
     p.add_argument("--seed", type=int, help="base seed (config key seed)")
     p.add_argument("--total-steps", type=int, help="env steps budget (config key total_steps)")
     p.add_argument("--time-limit", type=float, help="wall-clock budget in seconds (config key time_limit)")
@@ -37,7 +40,7 @@ def _train_parser(sub: argparse._SubParsersAction) -> None:
 
 def train_config(args: argparse.Namespace) -> Config:
     flags = {"env": args.env, "algo": args.algo, "seed": args.seed, "total_steps": args.total_steps,
-             "time_limit": args.time_limit, "run_dir": args.run_dir}
+             "time_limit": args.time_limit, "run_dir": args.run_dir, "sparse.network": args.network}
     overrides = list(args.overrides) + [f"{k}={v}" for k, v in flags.items() if v is not None]
     cfg = load_config(args.config, overrides)
     if not cfg.run_dir:

@@ -17,6 +17,7 @@ import yaml
 from common.algorithms.sac import SACConfig
 from common.algorithms.td3 import TD3Config
 from common.errors import ConfigError
+from common.sparse import SparseConfig
 
 
 MAX_PREFETCH = 16  # = the sample sockets' HWM (common/transport.py ROLES): a ROUTER silently drops beyond it
@@ -118,6 +119,7 @@ class Config:
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     td3: TD3Config = field(default_factory=TD3Config)
     sac: SACConfig = field(default_factory=SACConfig)
+    sparse: SparseConfig = field(default_factory=SparseConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     supervisor: SupervisorConfig = field(default_factory=SupervisorConfig)
 
@@ -147,6 +149,11 @@ class Config:
     @property
     def algo_config(self) -> TD3Config | SACConfig:
         return self.td3 if self.algo == "td3" else self.sac
+
+    @property
+    def total_updates(self) -> int:
+        """The run's budget in (critic) gradient updates; 0 when not rate limited (unknown)."""
+        return int(self.total_steps * self.replay.update_to_data)
 
 
 # ------------------------------------------------------------------ validation helpers
@@ -196,10 +203,7 @@ def _coerce(hint: Any, value: Any, key: str) -> Any:
         return build(hint, value, key + ".")
     origin = typing.get_origin(hint)
     if origin is tuple:
-        if not isinstance(value, (list, tuple)) or not all(isinstance(v, int) and not isinstance(v, bool)
-                                                           for v in value):
-            raise ConfigError(f"{key}={value!r} must be a list of integers")
-        return tuple(value)
+        return _coerce_tuple(typing.get_args(hint)[0], value, key)
     if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
         args = [a for a in typing.get_args(hint) if a is not type(None)]
         return None if value is None else _coerce(args[0], value, key)
@@ -208,6 +212,15 @@ def _coerce(hint: Any, value: Any, key: str) -> Any:
     if hint in (int, float, str, bool) and (type(value) is not hint):
         raise ConfigError(f"{key}={value!r} must be of type {hint.__name__}")
     return value
+
+
+def _coerce_tuple(item: type, value: Any, key: str) -> tuple[Any, ...]:
+    """A list of ints (or of numbers, as floats, for a tuple of floats) as a tuple."""
+    def number(v: Any) -> bool:
+        return isinstance(v, (int, float) if item is float else int) and not isinstance(v, bool)
+    if not isinstance(value, (list, tuple)) or not all(number(v) for v in value):
+        raise ConfigError(f"{key}={value!r} must be a list of {'numbers' if item is float else 'integers'}")
+    return tuple(float(v) for v in value) if item is float else tuple(value)
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

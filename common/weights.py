@@ -42,6 +42,20 @@ def sparse_message(net: str, version: int, updates: int, state: State, sparse: s
                    shapes=shapes, extras=extras or {})
 
 
+def weights_message(net: str, version: int, updates: int, state: State,
+                    sparse: list[str] | set[str] | None = None,
+                    extras: dict[str, float] | None = None) -> Weights:
+    """A sparse message for the tensors named in `sparse` that are smaller that way, else dense.
+
+    A non-zero costs 8 bytes sparse (int32 index + float32 value) against 4 bytes per entry
+    dense, so only tensors less than half full travel sparse.
+    """
+    names = {n for n in sparse or () if n in state and 2 * np.count_nonzero(state[n]) < state[n].size}
+    if not names:
+        return dense_message(net, version, updates, state, extras)
+    return sparse_message(net, version, updates, state, names, extras)
+
+
 def to_state(msg: Weights) -> State:
     """Dense tensors of a Weights message (sparse ones scattered into zeros)."""
     state = dict(msg.dense)

@@ -17,6 +17,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from common.sparse import SparseTopology
+
 Batch = dict[str, torch.Tensor]
 """obs [B,obs_dim], action [B,act_dim], reward [B], next_obs [B,obs_dim], done [B] (1.0 =
 terminated, no bootstrap; truncation is stored as 0.0); all float32 on the learner device."""
@@ -31,6 +33,7 @@ class ActorPart(Protocol):
 
     updates: int
     policy_delay: int  # call update() once per this many critic updates (TD3: d, SAC: 1)
+    sparse: SparseTopology | None  # the actor's masks (None: dense)
 
     def update(self, batch: Batch, want_metrics: bool = True) -> dict[str, float]: ...
     def actor_state(self) -> State: ...
@@ -45,6 +48,7 @@ class CriticPart(Protocol):
     """The critic-learner's half: twin critics, their targets and a read-only actor copy."""
 
     updates: int
+    sparse: SparseTopology | None  # the critics' masks (None: dense)
 
     def update(self, batch: Batch, want_metrics: bool = True) -> dict[str, float]: ...
     def critic_state(self) -> State: ...
@@ -154,11 +158,44 @@ def module_snapshot(module: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in module.state_dict().items()}
 
 
+def sparse_step(sparse: SparseTopology | None, opt: torch.optim.Optimizer, updates: int) -> None:
+    """After ``opt.step()``: re-mask and maybe adapt the topology (nothing when dense)."""
+    if sparse is not None:
+        sparse.step(opt, updates)
+
+
+def sparse_prune(sparse: SparseTopology | None) -> None:
+    """After ``polyak(...)``: magnitude-prune the target to the online count (nothing when dense)."""
+    if sparse is not None:
+        sparse.prune_target()
+
+
+def with_sparse(metrics: dict[str, float], sparse: SparseTopology | None) -> dict[str, float]:
+    """``metrics`` plus the topology's metrics when sparse (call only when metrics are wanted)."""
+    if sparse is not None:
+        metrics.update(sparse.metrics())
+    return metrics
+
+
+def save_sparse(d: dict[str, Any], sparse: SparseTopology | None) -> dict[str, Any]:
+    """Add the topology (masks, RNG) to a part's checkpoint dict when sparse."""
+    if sparse is not None:
+        d["sparse"] = sparse.state_dict()
+    return d
+
+
+def load_sparse(d: dict[str, Any], sparse: SparseTopology | None) -> None:
+    """Inverse of `save_sparse`."""
+    if sparse is not None:
+        sparse.load_state_dict(d["sparse"])
+
+
 def save_critics(part: Any) -> dict[str, Any]:
-    """What every critic part checkpoints: critics, targets, optimizer, noise RNG, count."""
-    return {"critic": module_snapshot(part.critic), "updates": part.updates,
-            "critic_target": module_snapshot(part.critic_target), "opt": optimizer_state(part.opt),
-            "generator": part.generator.get_state()}
+    """What every critic part checkpoints: critics, targets, optimizer, noise RNG, count, masks."""
+    return save_sparse({"critic": module_snapshot(part.critic), "updates": part.updates,
+                        "critic_target": module_snapshot(part.critic_target),
+                        "opt": optimizer_state(part.opt), "generator": part.generator.get_state()},
+                       part.sparse)
 
 
 def load_critics(part: Any, d: dict[str, Any]) -> None:
@@ -168,3 +205,4 @@ def load_critics(part: Any, d: dict[str, Any]) -> None:
     part.opt.load_state_dict(d["opt"])
     part.generator.set_state(d["generator"])
     part.updates = int(d["updates"])
+    load_sparse(d, part.sparse)

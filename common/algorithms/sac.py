@@ -17,9 +17,11 @@ import torch
 import torch.nn.functional as F
 
 from common.algorithms.base import (load_critics, save_critics, Batch, State, adam, check, check_hidden,
-                                    load_module_state, module_snapshot, module_state,
-                                    optimizer_state, params, polyak, scalars)
+                                    load_module_state, load_sparse, module_snapshot, module_state,
+                                    optimizer_state, params, polyak, save_sparse, scalars,
+                                    sparse_prune, sparse_step, with_sparse)
 from common.networks import GaussianActor, TwinCritic
+from common.sparse import SparseTopology
 
 
 @dataclass(frozen=True)
@@ -56,13 +58,14 @@ class SACActorPart:
     """Gaussian actor, temperature ``log_alpha`` and (a copy of, unless shared) the critics.
 
     With ``shared=True`` the critic *is* the critic part's module; ``load_critic`` is a no-op.
+    ``sparse``: the actor's masks (re-applied after each step), ``None`` when dense.
     """
 
     def __init__(self, actor: GaussianActor, critic: TwinCritic, log_alpha: torch.Tensor,
                  cfg: SACConfig, shared: bool, generator: torch.Generator,
-                 target_entropy: float) -> None:
+                 target_entropy: float, sparse: SparseTopology | None = None) -> None:
         self.actor, self.critic, self.log_alpha = actor, critic, log_alpha
-        self.cfg, self.shared, self.generator = cfg, shared, generator
+        self.cfg, self.shared, self.generator, self.sparse = cfg, shared, generator, sparse
         self.target_entropy = target_entropy
         self.policy_delay = 1
         self.updates = 0
@@ -80,6 +83,7 @@ class SACActorPart:
         self.opt.zero_grad(set_to_none=True)
         loss.backward(inputs=self._params)  # no gradients into the critic's weights
         self.opt.step()
+        sparse_step(self.sparse, self.opt, self.updates + 1)
         metrics = [("actor_loss", loss), ("alpha", alpha), ("entropy", -logp.detach().mean())]
         if self.alpha_opt is not None:
             alpha_loss = -(self.log_alpha * (logp.detach() + self.target_entropy)).mean()
@@ -88,7 +92,7 @@ class SACActorPart:
             self.alpha_opt.step()
             metrics.append(("alpha_loss", alpha_loss))
         self.updates += 1
-        return scalars(metrics) if want_metrics else {}
+        return with_sparse(scalars(metrics), self.sparse) if want_metrics else {}
 
     def actor_state(self) -> State:
         return module_state(self.actor)
@@ -114,7 +118,7 @@ class SACActorPart:
             d["alpha_opt"] = optimizer_state(self.alpha_opt)
         if not self.shared:
             d["critic"] = module_snapshot(self.critic)
-        return d
+        return save_sparse(d, self.sparse)
 
     def load(self, d: dict[str, Any]) -> None:
         self.actor.load_state_dict(d["actor"])
@@ -125,6 +129,7 @@ class SACActorPart:
             self.alpha_opt.load_state_dict(d["alpha_opt"])
         self.generator.set_state(d["generator"])
         self.updates = int(d["updates"])
+        load_sparse(d, self.sparse)
         if not self.shared:
             self.critic.load_state_dict(d["critic"])
 
@@ -133,14 +138,15 @@ class SACCriticPart:
     """Twin critics, their targets, and (copies of, unless shared) the actor and log_alpha.
 
     With ``shared=True`` actor and ``log_alpha`` are the actor part's; ``load_actor`` is a no-op.
+    ``sparse``: the critics' masks, ``None`` when dense.
     """
 
     def __init__(self, critic: TwinCritic, critic_target: TwinCritic, actor: GaussianActor,
                  log_alpha: torch.Tensor, cfg: SACConfig, shared: bool,
-                 generator: torch.Generator) -> None:
+                 generator: torch.Generator, sparse: SparseTopology | None = None) -> None:
         self.critic, self.critic_target, self.actor = critic, critic_target, actor
         self.log_alpha = log_alpha
-        self.cfg, self.shared, self.generator = cfg, shared, generator
+        self.cfg, self.shared, self.generator, self.sparse = cfg, shared, generator, sparse
         self.updates = 0
         self._params = params(critic)
         self._target_params = params(critic_target)
@@ -163,9 +169,13 @@ class SACCriticPart:
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         self.opt.step()
+        sparse_step(self.sparse, self.opt, self.updates + 1)
         polyak(self._target_params, self._params, self.cfg.tau)
+        sparse_prune(self.sparse)
         self.updates += 1
-        return scalars([("critic_loss", loss), ("q_mean", q1.mean())]) if want_metrics else {}
+        if not want_metrics:
+            return {}
+        return with_sparse(scalars([("critic_loss", loss), ("q_mean", q1.mean())]), self.sparse)
 
     def critic_state(self) -> State:
         return module_state(self.critic)

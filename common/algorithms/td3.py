@@ -17,9 +17,11 @@ import torch
 import torch.nn.functional as F
 
 from common.algorithms.base import (load_critics, save_critics, Batch, State, adam, check, check_hidden,
-                                    load_module_state, module_snapshot, module_state,
-                                    optimizer_state, params, polyak, scalars)
+                                    load_module_state, load_sparse, module_snapshot, module_state,
+                                    optimizer_state, params, polyak, save_sparse, scalars,
+                                    sparse_prune, sparse_step, with_sparse)
 from common.networks import DeterministicActor, TwinCritic
+from common.sparse import SparseTopology
 
 
 @dataclass(frozen=True)
@@ -56,13 +58,15 @@ class TD3ActorPart:
     """Actor, target actor and (a copy of, unless shared) the online twin critic.
 
     ``load_critic`` copies critic weights in place; with ``shared=True`` the critic *is*
-    the critic part's module and ``load_critic`` is a no-op.
+    the critic part's module and ``load_critic`` is a no-op. ``sparse``: the actor's masks
+    (re-applied after each step, target pruned after each Polyak update), ``None`` when dense.
     """
 
     def __init__(self, actor: DeterministicActor, actor_target: DeterministicActor,
-                 critic: TwinCritic, cfg: TD3Config, shared: bool) -> None:
+                 critic: TwinCritic, cfg: TD3Config, shared: bool,
+                 sparse: SparseTopology | None = None) -> None:
         self.actor, self.actor_target, self.critic = actor, actor_target, critic
-        self.cfg, self.shared = cfg, shared
+        self.cfg, self.shared, self.sparse = cfg, shared, sparse
         self.policy_delay = cfg.policy_delay
         self.updates = 0
         self._params = params(actor)
@@ -76,9 +80,11 @@ class TD3ActorPart:
         self.opt.zero_grad(set_to_none=True)
         loss.backward(inputs=self._params)  # no gradients into the critic's weights
         self.opt.step()
+        sparse_step(self.sparse, self.opt, self.updates + 1)
         polyak(self._target_params, self._params, self.cfg.tau)
+        sparse_prune(self.sparse)
         self.updates += 1
-        return scalars([("actor_loss", loss)]) if want_metrics else {}
+        return with_sparse(scalars([("actor_loss", loss)]), self.sparse) if want_metrics else {}
 
     def actor_state(self) -> State:
         return module_state(self.actor)
@@ -99,13 +105,14 @@ class TD3ActorPart:
                              "opt": optimizer_state(self.opt)}
         if not self.shared:
             d["critic"] = module_snapshot(self.critic)
-        return d
+        return save_sparse(d, self.sparse)
 
     def load(self, d: dict[str, Any]) -> None:
         self.actor.load_state_dict(d["actor"])
         self.actor_target.load_state_dict(d["actor_target"])
         self.opt.load_state_dict(d["opt"])
         self.updates = int(d["updates"])
+        load_sparse(d, self.sparse)
         if not self.shared:
             self.critic.load_state_dict(d["critic"])
 
@@ -115,13 +122,14 @@ class TD3CriticPart:
 
     ``load_actor`` copies the *target* actor in place (the online actor is not needed);
     with ``shared=True`` the target actor is the actor part's module and it is a no-op.
+    ``sparse``: the critics' masks, ``None`` when dense.
     """
 
     def __init__(self, critic: TwinCritic, critic_target: TwinCritic,
                  actor_target: DeterministicActor, cfg: TD3Config, shared: bool,
-                 generator: torch.Generator) -> None:
+                 generator: torch.Generator, sparse: SparseTopology | None = None) -> None:
         self.critic, self.critic_target, self.actor_target = critic, critic_target, actor_target
-        self.cfg, self.shared, self.generator = cfg, shared, generator
+        self.cfg, self.shared, self.generator, self.sparse = cfg, shared, generator, sparse
         self.updates = 0
         self._params = params(critic)
         self._target_params = params(critic_target)
@@ -154,9 +162,13 @@ class TD3CriticPart:
         loss.backward()
         self.opt.step()
         self.updates += 1
+        sparse_step(self.sparse, self.opt, self.updates)
         if self.updates % self.cfg.policy_delay == 0:
             polyak(self._target_params, self._params, self.cfg.tau)
-        return scalars([("critic_loss", loss), ("q_mean", q1.mean())]) if want_metrics else {}
+            sparse_prune(self.sparse)
+        if not want_metrics:
+            return {}
+        return with_sparse(scalars([("critic_loss", loss), ("q_mean", q1.mean())]), self.sparse)
 
     def critic_state(self) -> State:
         return module_state(self.critic)

@@ -12,7 +12,7 @@ from typing import Any
 import zmq
 
 from common.config import to_dict
-from common.weights import WeightsFollower, WeightsPublisher, dense_message, to_state
+from common.weights import WeightsFollower, WeightsPublisher, to_state, weights_message
 from services.learner.base import LOSS_EVERY, LearnerBase
 from proto.messages import Weights
 
@@ -61,8 +61,10 @@ class CriticLearner(LearnerBase):
         self.actor_seen = actor.updates
 
     def send_sync(self, pub: WeightsPublisher) -> None:
-        pub.publish(dense_message("critic", self.critic.updates, self.critic.updates,
-                                  self.critic.critic_state()))
+        """The critics to the actor-learner (masked weights sparse where that is smaller)."""
+        sparse = self.critic.sparse.names if self.critic.sparse is not None else None
+        pub.publish(weights_message("critic", self.critic.updates, self.critic.updates,
+                                    self.critic.critic_state(), sparse))
 
     def state(self) -> dict[str, Any]:
         return {"critic": self.critic.save(), "updates": self.critic.updates,

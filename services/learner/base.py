@@ -12,7 +12,7 @@ from common.algorithms import ActorPart, CriticPart, make_parts
 from common.envs import env_spec
 from common.learner_io import BatchStream, atomic_save, checkpoint_dir, device_of
 from common.service import Service
-from common.weights import WeightsPublisher, dense_message
+from common.weights import WeightsPublisher, weights_message
 
 METRICS_EVERY = 1.0  # seconds between metrics messages
 LOSS_EVERY = 50  # updates between loss read-outs (each forces a device sync)
@@ -26,7 +26,8 @@ class LearnerBase(Service):
         self.device = device_of(device_name)
         self.layout, low, high = env_spec(self.cfg.env)
         actor, critic = make_parts(self.cfg.algo, self.layout.obs_dim, self.layout.act_dim, low, high,
-                                   self.cfg.algo_config, self.device, shared, self.cfg.seed)
+                                   self.cfg.algo_config, self.device, shared, self.cfg.seed,
+                                   sparse=self.cfg.sparse, total_updates=self.cfg.total_updates)
         lc = self.cfg.learner
         self.batches = BatchStream(self.channel("sample", binding=False), self.layout, lc.batch_size,
                                    lc.prefetch, self.device)
@@ -42,11 +43,16 @@ class LearnerBase(Service):
         return pub
 
     def publish_actor(self, pub: WeightsPublisher, actor: ActorPart, net: str = "actor") -> None:
-        """Version = actor updates; `updates` in critic updates (the run's update count)."""
+        """Version = actor updates; `updates` in critic updates (the run's update count).
+
+        Sparse networks send their masked weights as (index, value) pairs where that is smaller.
+        """
         extras = {**actor.extras(), "env_steps": float(self.batches.inserted)}
         state = actor.actor_state() if net == "actor" else actor.target_actor_state()
         assert state is not None
-        pub.publish(dense_message(net, actor.updates, actor.updates * actor.policy_delay, state, extras))
+        sparse = actor.sparse.names if actor.sparse is not None else None
+        pub.publish(weights_message(net, actor.updates, actor.updates * actor.policy_delay, state,
+                                    sparse, extras))
 
     def tick(self, updates: int, extra: dict[str, Any]) -> None:
         """Metrics about once a second; learner checkpoints every checkpoint_every_s."""

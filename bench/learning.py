@@ -12,34 +12,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-
-def run_seed(env: str, algo: str, seed: int, total_steps: int, run_dir: Path,
-             config: str | None, overrides: list[str]) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "common.cli", "train", "--env", env, "--algo", algo, "--seed", str(seed),
-           "--total-steps", str(total_steps), "--run-dir", str(run_dir), "--quiet", *overrides]
-    if config:
-        cmd += ["--config", config]
-    t0 = time.time()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    wall = time.time() - t0
-    if proc.returncode != 0:
-        raise RuntimeError(f"seed {seed} failed ({proc.returncode}): {proc.stderr[-2000:]}")
-    evals, started = read_evals(run_dir)
-    for e in evals:  # seconds since the command was typed, start-up included
-        e["since_command"] = started - t0 + e["wall_time"]
-    return {"seed": seed, "run_dir": str(run_dir), "command_wall_s": wall, "evals": evals}
-
-
-def read_evals(run_dir: Path) -> tuple[list[dict[str, Any]], float]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
-    started = next(r["unix_time"] for r in rows if r["kind"] == "start")
-    return [r for r in rows if r["kind"] == "eval"], started
+from bench.runs import run_seed
 
 
 def summarize(result: dict[str, Any], threshold: float) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The `spreeze` command line: train, eval, bench."""
+"""The `spreeze` command line: train, eval, bench, results."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import dataclasses
 import logging
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -84,6 +85,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return import_module(f"bench.{args.what}").main(args.rest)
 
 
+def cmd_results(argv: list[str]) -> int:
+    from bench.results import main as results_main
+
+    return results_main(argv)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="spreeze", description="High-throughput actor-critic RL.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -92,13 +99,18 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("run_dir")
     e.add_argument("--episodes", type=int, default=10)
     e.add_argument("--checkpoint", choices=("best", "latest"), default="best")
-    b = sub.add_parser("bench", help="benchmarks: transport | learning (each has --help)")
-    b.add_argument("what", choices=("transport", "learning"))
+    b = sub.add_parser("bench", help="benchmarks: transport | learning | sampling | update (each has --help)")
+    b.add_argument("what", choices=("transport", "learning", "sampling", "update"))
     b.add_argument("rest", nargs=argparse.REMAINDER, help="arguments of the benchmark")
+    sub.add_parser("results", add_help=False,  # parsed by bench.results (see main)
+                   help="train dense | static | ds over seeds, table in results/<env>.md (has --help)")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["results"]:  # its own parser: options and key=value overrides in any order
+        return guarded("results", lambda: cmd_results(argv[1:]))
     p = parser()
     args, extra = p.parse_known_args(argv)
     if args.command == "train":  # key=value overrides may come between or after options
@@ -109,10 +121,15 @@ def main(argv: list[str] | None = None) -> int:
     elif extra and args.command != "bench":
         p.error(f"unrecognized arguments: {' '.join(extra)}")
     handlers = {"train": cmd_train, "eval": cmd_eval, "bench": cmd_bench}
+    return guarded(args.command, lambda: handlers[args.command](args))
+
+
+def guarded(command: str, run: Callable[[], int]) -> int:
+    """``run()``'s exit status; a SpreezeError is printed and exits 2."""
     try:
-        return handlers[args.command](args)
+        return run()
     except SpreezeError as exc:
-        print(f"spreeze {args.command}: error: {exc}", file=sys.stderr)
+        print(f"spreeze {command}: error: {exc}", file=sys.stderr)
         return 2
 
 

@@ -60,6 +60,7 @@ from common.sparse_masks import (
 )
 from common.sparse_stats import (
     LayerStats,
+    dense_training_flops,
     forward_flops,
     overall_sparsity,
     training_flops_ratio,
@@ -186,6 +187,7 @@ class SparseTopology:
         dense, sparse = forward_flops(module, dict(zip(self.names, self.counts)))
         rigl = self.cfg.every if self.cfg.dynamic and self.cfg.growth == "gradient" else None
         self.flops_ratio = training_flops_ratio(dense, sparse, rigl)
+        self.dense_flops = dense_training_flops(dense, self.unit)
         self.sparsity = overall_sparsity(self.layer_stats(measure=False))
 
     def attach_target(self, target: nn.Module) -> None:
@@ -279,9 +281,11 @@ class SparseTopology:
                 for name, w, c in zip(self.names, self.weights, counts)]
 
     def metrics(self) -> dict[str, float]:
-        """Cheap (no device sync) metrics: sparsity, FLOPs ratio, last adaptation's stats."""
+        """Cheap (no device sync) metrics: sparsity, FLOPs ratio, the dense network's training
+        FLOPs per critic update (to weigh the roles' ratios), last adaptation's stats."""
         r = self.role
-        out = {f"sparsity/{r}": self.sparsity, f"flops_ratio/{r}": self.flops_ratio}
+        out = {f"sparsity/{r}": self.sparsity, f"flops_ratio/{r}": self.flops_ratio,
+               f"dense_flops/{r}": self.dense_flops}
         if self.cfg.dynamic:
             out[f"topology/{r}/adaptations"] = float(self.adaptations)
             out.update({f"topology/{r}/{k}": v for k, v in self.last.items()})

@@ -65,6 +65,26 @@ def training_flops_ratio(dense: int, sparse: int, rigl_every: int | None = None)
     return (3.0 * sparse + extra) / (3.0 * dense)
 
 
+def dense_training_flops(dense_forward: int, unit: int = 1) -> float:
+    """Dense training multiply-adds per sample and *critic* update of a network whose forward
+    costs ``dense_forward`` and which trains once per ``unit`` critic updates (TD3 actor:
+    policy_delay); the weight of its FLOPs ratio in :func:`combined_flops_ratio`."""
+    return 3.0 * dense_forward / unit
+
+
+def combined_flops_ratio(values: Mapping[str, float],
+                         roles: Iterable[str] = ("actor", "critic")) -> float | None:
+    """Training FLOPs of actor and critics together relative to dense, from learner metrics:
+    the roles' ``flops_ratio/<role>`` weighted by their ``dense_flops/<role>`` (dense training
+    FLOPs per critic update). Forward passes of one network inside another's update (target
+    networks, the critics in the actor loss) are not counted. ``None`` when no role reports
+    both keys; a role that does not is left out."""
+    pairs = [(float(values[f"flops_ratio/{r}"]), float(values[f"dense_flops/{r}"])) for r in roles
+             if f"flops_ratio/{r}" in values and f"dense_flops/{r}" in values]
+    total = sum(w for _, w in pairs)
+    return sum(r * w for r, w in pairs) / total if total > 0 else None
+
+
 def layer_table(layers: Iterable[LayerStats]) -> list[dict[str, float | int | str]]:
     """Printable rows: name, shape, non-zeros, sparsity."""
     return [{"name": r.name, "shape": f"{r.shape[0]}x{r.shape[1]}", "nnz": r.nnz,

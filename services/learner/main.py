@@ -5,6 +5,7 @@ The swap for hosts with one device, and the correctness reference for the split 
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -30,7 +31,7 @@ class Learner(LearnerBase):
             batch = await self.batches.next(self.stopping)
             if batch is None:
                 break
-            want = self.updates % LOSS_EVERY == 0
+            want = self.read_out_due()
             metrics = fused_step(self.actor, self.critic, batch, want_metrics=want)
             self.updates += 1
             if want:
@@ -40,6 +41,12 @@ class Learner(LearnerBase):
                 last_publish = time.monotonic()
             self.tick(self.updates, {"policy_lag": 0})
         self.publish_actor(pub, self.actor)
+
+    def read_out_due(self) -> bool:
+        """Losses on the first update, then every LOSS_EVERY or so on an update that also
+        trains the actor (TD3: every policy_delay), so actor losses and sparsity are reported."""
+        n = self.critic.updates + 1  # number of the coming critic update
+        return n == 1 or n % math.lcm(LOSS_EVERY, self.actor.policy_delay) == 0
 
     def state(self) -> dict[str, Any]:
         return {"actor": self.actor.save(), "critic": self.critic.save(), "updates": self.updates,

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+from common.sparse_stats import combined_flops_ratio
 from proto.messages import EvalResult, Event, Message, Metrics
 
 LEARNER_ROLES = ("learner", "critic_learner", "actor_learner")
@@ -99,7 +100,25 @@ class Progress:
         return (f"[{s['elapsed']:6.0f}s] steps {s['env_steps']:,}/{self.total_steps:,} | "
                 f"updates {s['updates']:,} | sampling {s['sampling_hz']:,.0f} Hz | "
                 f"update {s['update_frame_rate'] / 1000:,.1f}k fr/s | utd {s['update_to_data']:.2f} | "
-                f"eval {ev} | left {rem}")
+                f"eval {ev} | left {rem}{self.sparse_part()}")
+
+    def learner_values(self) -> dict[str, Any]:
+        """The learners' newest metrics merged (split mode: actor- and critic-learner)."""
+        merged: dict[str, Any] = {}
+        for role in LEARNER_ROLES:
+            for values in self._by_role(role):
+                merged.update(values)
+        return merged
+
+    def sparse_part(self) -> str:
+        """`` | sparse a50% c50% flops 0.51x`` when the learners report sparsity, else ``""``."""
+        values = self.learner_values()
+        shares = [f"{role[0]}{100 * float(values[f'sparsity/{role}']):.0f}%" for role in ("actor", "critic")
+                  if f"sparsity/{role}" in values]
+        if not shares:
+            return ""
+        flops = combined_flops_ratio(values)
+        return f" | sparse {' '.join(shares)}" + (f" flops {flops:.2f}x" if flops is not None else "")
 
     def close(self) -> None:
         self.file.close()

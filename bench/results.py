@@ -1,0 +1,410 @@
+"""`spreeze results`: dense vs static vs dynamic sparse (ds) networks trained to the end,
+summarized as a Markdown table in the repository (results/<env>.md) with raw JSON beside it.
+
+For each algo x network mode (ds: x each --sparsities value) x seed it runs a full
+`spreeze train --network MODE`, one after another so runs do not compete for cores. Per
+(algo, mode[, sparsity]) row:
+
+- return: each run's mean of its last N evaluations (--last; fewer when it has fewer),
+  then mean ± sample std (n-1; 0 with one seed) over seeds;
+- params / non-zero: actor + twin critics (online networks; targets, action-scale buffers
+  and SAC's temperature not counted), built from the run's config.yaml with make_parts and
+  its sparse masks; sparsity: the zero fraction of the sparse (hidden) layers together;
+- FLOPs vs dense: from the learners' metrics, flops_ratio/actor and flops_ratio/critic
+  weighted by dense_flops/<role>, each network's dense training multiply-adds per critic
+  update (the TD3 actor trains once per policy_delay); see
+  common.sparse_stats.combined_flops_ratio;
+- wall s: median over seeds of the `spreeze train` command's wall-clock seconds.
+
+A ds row "matches dense" when its mean is at least dense's mean minus dense's std; the
+section states the highest such sparsity per algo.
+
+Each command owns one section of the Markdown file, keyed by a hash of its experiment
+arguments: rerunning a command replaces its section, another command appends its own. The
+JSON file holds the same sections by key. Both are rewritten after every run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import json
+import os
+import platform
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+import yaml
+
+from bench.runs import read_metrics, run_seed
+from common.algorithms import ALGOS, make_parts
+from common.config import Config, from_dict, load_config
+from common.envs import env_spec
+from common.sparse import NETWORKS
+from common.sparse_stats import combined_flops_ratio, overall_sparsity
+from services.supervisor.progress import LEARNER_ROLES
+
+ROOT = Path(__file__).resolve().parents[1]
+OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*=")  # a key=value config override among the arguments
+Record = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One row of the table: an algo, a network mode and (ds sweep) a sparse.sparsity."""
+
+    algo: str
+    network: str
+    sparsity: float | None = None  # swept sparse.sparsity; None: the config's
+
+    @property
+    def name(self) -> str:
+        tail = f"-sp{self.sparsity:g}" if self.sparsity is not None else ""
+        return f"{self.algo}-{self.network}{tail}"
+
+    def overrides(self) -> list[str]:
+        return [f"sparse.sparsity={self.sparsity}"] if self.sparsity is not None else []
+
+    def fields(self) -> Record:
+        return {"variant": self.name, "algo": self.algo, "network": self.network,
+                "sparsity_target": self.sparsity}
+
+
+def variants(algos: Iterable[str], modes: Iterable[str], sparsities: list[float] | None) -> list[Variant]:
+    """Every row to run, in table order; ds gets one row per swept sparsity."""
+    out = []
+    for algo in algos:
+        for mode in modes:
+            sweep = sparsities if mode == "ds" and sparsities else [None]
+            out += [Variant(algo, mode, s) for s in sweep]
+    return out
+
+
+# ------------------------------------------------------------------ one run
+
+def last_mean(evals: list[Record], n: int) -> tuple[float | None, int]:
+    """Mean return of the last ``n`` evaluations (all of them when fewer) and how many."""
+    tail = evals[-n:] if n > 0 else []
+    return (statistics.fmean(e["return_mean"] for e in tail) if tail else None), len(tail)
+
+
+def learner_values(rows: list[Record]) -> Record:
+    """The newest value of every learner metric (split mode: both learners merged)."""
+    merged: Record = {}
+    for r in rows:
+        if r["kind"] == "metrics" and str(r.get("service", "")).partition("-")[0] in LEARNER_ROLES:
+            merged.update(r)
+    return merged
+
+
+def network_counts(cfg: Config) -> Record:
+    """Parameters and non-zero parameters of the actor + twin critics ``cfg`` trains, and the
+    overall sparsity of their sparse layers (0 when dense)."""
+    layout, low, high = env_spec(cfg.env)
+    actor, critic = make_parts(cfg.algo, layout.obs_dim, layout.act_dim, low, high, cfg.algo_config,
+                               torch.device("cpu"), True, cfg.seed, sparse=cfg.sparse,
+                               total_updates=cfg.total_updates)
+    modules = [cast(Any, actor).actor, cast(Any, critic).critic]  # online networks (not in the protocols)
+    total = sum(p.numel() for m in modules for p in m.parameters())
+    layers = [s for t in (actor.sparse, critic.sparse) if t is not None for s in t.layer_stats(measure=False)]
+    return {"params": total, "nonzero": total - sum(s.size - s.nnz for s in layers),
+            "sparsity": overall_sparsity(layers) if layers else 0.0}
+
+
+def run_record(variant: Variant, seed: int, run_dir: Path, wall_s: float, last: int) -> Record:
+    """The raw numbers of one finished run, read from its run directory."""
+    rows = read_metrics(run_dir)
+    evals = [r for r in rows if r["kind"] == "eval"]
+    ret, used = last_mean(evals, last)
+    values = learner_values(rows)
+    cfg = from_dict(yaml.safe_load((run_dir / "config.yaml").read_text()))
+    flops = combined_flops_ratio(values) if cfg.sparse.enabled else 1.0
+    return {**variant.fields(), "seed": seed, "run_dir": str(run_dir), "wall_s": round(wall_s, 1),
+            "evals": len(evals), "last_evals": used, "return": ret,
+            "final_return": evals[-1]["return_mean"] if evals else None, **network_counts(cfg),
+            "sparsity_actor": values.get("sparsity/actor"), "sparsity_critic": values.get("sparsity/critic"),
+            "flops_ratio": flops}
+
+
+# ------------------------------------------------------------------ summary
+
+def summarize(records: list[Record]) -> list[Record]:
+    """One row per variant (in first-seen order) over its successful runs."""
+    groups: dict[tuple[Any, ...], list[Record]] = {}
+    for r in records:
+        if "error" not in r:
+            groups.setdefault((r["algo"], r["network"], r["sparsity_target"]), []).append(r)
+    return [summary_row(runs) for runs in groups.values()]
+
+
+def summary_row(runs: list[Record]) -> Record:
+    """Mean ± sample std of the runs' returns, median wall-clock, the networks' sizes."""
+    returns = [r["return"] for r in runs if r["return"] is not None]
+    flops = [r["flops_ratio"] for r in runs if r["flops_ratio"] is not None]
+    first = runs[0]
+    return {"algo": first["algo"], "network": first["network"], "sparsity_target": first["sparsity_target"],
+            "sparsity": first["sparsity"], "seeds": len(runs), "returns": len(returns),
+            "return_mean": statistics.fmean(returns) if returns else None,
+            "return_std": (statistics.stdev(returns) if len(returns) > 1 else 0.0) if returns else None,
+            "last_evals": min(r["last_evals"] for r in runs), "params": first["params"],
+            "nonzero": first["nonzero"], "flops_ratio": statistics.fmean(flops) if flops else None,
+            "wall_s": statistics.median(r["wall_s"] for r in runs)}
+
+
+def dense_row(rows: list[Record], algo: str) -> Record | None:
+    return next((r for r in rows if r["algo"] == algo and r["network"] == "dense"
+                 and r["return_mean"] is not None), None)
+
+
+def matches_dense(row: Record, dense: Record) -> bool:
+    """Not worse than dense by more than dense's std (better than dense counts as matching)."""
+    return row["return_mean"] is not None and row["return_mean"] >= dense["return_mean"] - dense["return_std"]
+
+
+def highest_matching(rows: list[Record], algo: str) -> Record | None:
+    """The ds row of ``algo`` with the highest sparsity that matches dense, if any."""
+    dense = dense_row(rows, algo)
+    if dense is None:
+        return None
+    ok = [r for r in rows if r["algo"] == algo and r["network"] == "ds" and matches_dense(r, dense)]
+    return max(ok, key=lambda r: r["sparsity"], default=None)
+
+
+def match_line(rows: list[Record], algo: str) -> str | None:
+    """The sentence about ``algo``'s highest ds sparsity matching dense (None: nothing to compare)."""
+    dense = dense_row(rows, algo)
+    if dense is None or not any(r["algo"] == algo and r["network"] == "ds" and r["return_mean"] is not None
+                                for r in rows):
+        return None
+    best = highest_matching(rows, algo)
+    ref = f"dense {_return(dense)}"
+    if best is None:
+        return f"{algo}: no ds sparsity is within one std of dense ({ref})."
+    return (f"{algo}: highest ds sparsity within one std of dense: {_pct(best['sparsity'])} "
+            f"({_return(best)} vs {ref}).")
+
+
+# ------------------------------------------------------------------ Markdown and JSON
+
+COLUMNS = ("algo", "network", "sparsity", "return", "seeds", "params", "non-zero", "train FLOPs vs dense",
+           "wall s (median)")
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def _return(row: Record) -> str:
+    return "n/a" if row["return_mean"] is None else f"{row['return_mean']:.1f} ± {row['return_std']:.1f}"
+
+
+def table(rows: list[Record], last: int) -> str:
+    """The Markdown table of the summary rows."""
+    heads = [f"return (last {last} evals)" if c == "return" else c for c in COLUMNS]
+    lines = ["| " + " | ".join(heads) + " |", "|---|---|" + "---:|" * (len(COLUMNS) - 2)]
+    for r in rows:
+        ret = _return(r) + (f" (last {r['last_evals']})" if r["last_evals"] < last else "")
+        cells = [r["algo"], r["network"], "-" if r["network"] == "dense" else _pct(r["sparsity"]), ret,
+                 str(r["seeds"]), f"{r['params']:,}", f"{r['nonzero']:,}",
+                 "n/a" if r["flops_ratio"] is None else f"{r['flops_ratio']:.2f}x", f"{r['wall_s']:.0f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def markers(key: str) -> tuple[str, str]:
+    return f"<!-- spreeze-results {key} -->", f"<!-- /spreeze-results {key} -->"
+
+
+def section(meta: Record, records: list[Record], planned: int) -> str:
+    """This command's section: title, provenance, table, the matching-dense lines, definitions."""
+    rows = summarize(records)
+    start, end = markers(meta["key"])
+    m = meta["machine"]
+    done = f"{len(records)}/{planned} runs done" + ("" if len(records) == planned else " (in progress)")
+    failed = [f"{r['variant']} seed {r['seed']}" for r in records if "error" in r]
+    title = (f"## {' '.join(meta['algos'])}: {', '.join(meta['modes'])} on {meta['env']} "
+             f"({meta['total_steps']:,} steps, seeds {' '.join(map(str, meta['seeds']))})")
+    lines = [start, title, "",
+             f"- command: `{meta['command']}`", f"- date: {meta['date']}",
+             f"- machine: {m['cores']} cores, {m['cpu']}; GPU: {m['gpu']}",
+             f"- commit: {meta['commit'] or 'unknown'}",
+             f"- {done}; run dirs under `{meta['runs_dir']}`; raw numbers: `{meta['json']}` key `{meta['key']}`"]
+    if failed:
+        lines.append(f"- failed runs (errors in the JSON): {', '.join(failed)}")
+    lines += ["", table(rows, meta["last"]), ""]
+    found = [line for algo in meta["algos"] if (line := match_line(rows, algo))]
+    if found:
+        lines += [*found, ""]
+    lines += [definitions(meta["last"]), end]
+    return "\n".join(lines)
+
+
+def definitions(last: int) -> str:
+    """The paragraph under every table saying what its numbers are."""
+    return (f"Return: per run the mean of its last {last} evaluations (fewer when it has fewer: shown "
+            "as \"last k\"), then mean ± sample std over seeds. Params: actor + twin critics (online "
+            "networks). Sparsity: zeros of the sparse hidden layers together. FLOPs: the learners' "
+            "flops_ratio of actor and critics, weighted by each network's dense training FLOPs per "
+            "critic update. Within one std of dense: mean >= dense mean - dense std.")
+
+
+def replace_section(text: str, key: str, body: str, header: str) -> str:
+    """``text`` with the section of ``key`` replaced by ``body``, or ``body`` appended."""
+    start, end = markers(key)
+    i = text.find(start)
+    j = text.find(end, i) if i >= 0 else -1
+    if j >= 0:
+        return text[:i] + body + text[j + len(end):]
+    return (text.rstrip("\n") + "\n\n" if text.strip() else header) + body + "\n"
+
+
+def write_results(md: Path, meta: Record, records: list[Record], planned: int) -> None:
+    """Write (or replace) this command's section in ``md`` and its raw numbers in the JSON."""
+    md.parent.mkdir(parents=True, exist_ok=True)
+    header = (f"# Spreeze results: {meta['env']}\n\nWritten by `spreeze results`, one section per "
+              "command (rerunning a command replaces its section).\n\n")
+    old = md.read_text() if md.exists() else ""
+    md.write_text(replace_section(old, meta["key"], section(meta, records, planned), header))
+    path = Path(meta["json"])
+    try:
+        data = json.loads(path.read_text()) if path.exists() else {}
+    except json.JSONDecodeError:
+        data = {}
+    data[meta["key"]] = {**meta, "planned_runs": planned, "runs": records, "rows": summarize(records)}
+    path.write_text(json.dumps(data, indent=1) + "\n")
+
+
+# ------------------------------------------------------------------ provenance
+
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU model name from /proc/cpuinfo (platform's guess elsewhere)."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        text = ""
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("model name", "Model", "Hardware") and value.strip():
+            return value.strip()
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def machine_info() -> Record:
+    """Cores, CPU model and GPUs (as torch sees them) of this machine."""
+    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return {"cores": os.cpu_count(), "cpu": cpu_model(), "gpu": ", ".join(gpus) or "none"}
+
+
+def git_commit() -> str | None:
+    """HEAD of the repository this code runs from (None without git or a repository)."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                             text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    commit = out.stdout.strip() if out.returncode == 0 else ""
+    return commit or None
+
+
+# ------------------------------------------------------------------ command line
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    """Options plus ``overrides``: every key=value word, wherever it stands."""
+    p = argparse.ArgumentParser(prog="spreeze results", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="key=value words anywhere are config overrides, e.g. "
+                                       "td3.hidden=[256,256] sparse.sparsity=0.5")
+    p.add_argument("--env", default="HalfCheetah-v5")
+    p.add_argument("--algos", nargs="+", choices=ALGOS, default=["td3"])
+    p.add_argument("--modes", nargs="+", choices=NETWORKS, default=list(NETWORKS))
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--total-steps", type=int, default=100_000)
+    p.add_argument("--last", type=int, default=10, help="evaluations averaged at the end of each run")
+    p.add_argument("--sparsities", type=float, nargs="+",
+                   help="sparse.sparsity values swept in ds mode (one row each)")
+    p.add_argument("--config", help="YAML config for every run")
+    p.add_argument("--out", help="Markdown results file (default results/<env>.md; JSON beside it)")
+    p.add_argument("--runs-dir", default="runs/results", help="run dirs go to RUNS_DIR/<env>/<section key>/")
+    overrides = [a for a in argv if OVERRIDE.match(a)]
+    args = p.parse_args([a for a in argv if not OVERRIDE.match(a)])
+    if args.sparsities and "ds" not in args.modes:
+        p.error("--sparsities applies to ds: add ds to --modes")
+    if any(not 0.0 < s < 1.0 for s in args.sparsities or []):
+        p.error(f"--sparsities {args.sparsities}: each must be in (0, 1)")
+    if args.last < 1:
+        p.error(f"--last {args.last} must be >= 1")
+    args.overrides = overrides
+    return args
+
+
+def experiment_key(args: argparse.Namespace) -> str:
+    """A short hash of the arguments that define the section (not where files go)."""
+    fields = {k: getattr(args, k) for k in ("env", "algos", "modes", "seeds", "total_steps", "last",
+                                            "sparsities", "config", "overrides")}
+    return hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def check_configs(args: argparse.Namespace, plan: list[Variant]) -> None:
+    """Refuse bad overrides and envs (ConfigError) before the first run starts."""
+    for v in plan:
+        load_config(args.config, [*args.overrides, f"env={args.env}", f"algo={v.algo}",
+                                  f"sparse.network={v.network}", *v.overrides()])
+    env_spec(args.env)
+
+
+def train_one(args: argparse.Namespace, variant: Variant, seed: int, runs_dir: Path) -> Record:
+    """Train one seed of one variant; its record, or one with ``error`` when it failed."""
+    run_dir = runs_dir / f"{variant.name}-s{seed}"
+    try:
+        result = run_seed(args.env, variant.algo, seed, args.total_steps, run_dir, args.config,
+                          [*args.overrides, *variant.overrides()], network=variant.network)
+        return run_record(variant, seed, run_dir, result["command_wall_s"], args.last)
+    except (RuntimeError, OSError, ValueError) as exc:
+        return {**variant.fields(), "seed": seed, "run_dir": str(run_dir), "error": str(exc)[-2000:]}
+
+
+def describe(i: int, n: int, variant: Variant, r: Record) -> str:
+    head = f"[{i}/{n}] {variant.name} seed {r['seed']}"
+    if "error" in r:
+        return f"{head}: FAILED: {r['error'].strip().splitlines()[-1] if r['error'].strip() else ''}"
+    ret = "n/a" if r["return"] is None else f"{r['return']:.1f}"
+    return f"{head}: return {ret} (last {r['last_evals']} evals), {r['wall_s']:.0f}s"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse(argv)
+    plan = variants(args.algos, args.modes, args.sparsities)
+    check_configs(args, plan)
+    key = experiment_key(args)
+    md = Path(args.out or f"results/{args.env}.md")
+    meta = {"key": key, "command": "spreeze results " + shlex.join(argv),
+            "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+            "machine": machine_info(), "commit": git_commit(), "env": args.env, "algos": args.algos,
+            "modes": args.modes, "seeds": args.seeds, "total_steps": args.total_steps, "last": args.last,
+            "sparsities": args.sparsities, "config": args.config, "overrides": args.overrides,
+            "runs_dir": str(Path(args.runs_dir) / args.env / key), "json": str(md.with_suffix(".json"))}
+    runs = [(v, seed) for v in plan for seed in args.seeds]
+    records: list[Record] = []
+    for i, (variant, seed) in enumerate(runs, 1):
+        records.append(train_one(args, variant, seed, Path(meta["runs_dir"])))
+        print(describe(i, len(runs), variant, records[-1]), flush=True)
+        write_results(md, meta, records, len(runs))
+    for line in (match_line(summarize(records), algo) for algo in args.algos):
+        if line:
+            print(line)
+    print(f"results: {md} (section {key}), raw numbers: {meta['json']}")
+    return 1 if any("error" in r for r in records) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""Shared by the benchmarks that train: run `spreeze train` once and read its run directory.
+
+A run directory's metrics.jsonl is appended to by every run that used the directory; the
+readers here return only the newest run's records (from its last ``start`` record on).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def train_command(env: str, algo: str, seed: int, total_steps: int, run_dir: Path,
+                  config: str | None, overrides: list[str], network: str | None = None) -> list[str]:
+    """The `spreeze train` command line of one quiet run (``network``: None = the config's)."""
+    cmd = [sys.executable, "-m", "common.cli", "train", "--env", env, "--algo", algo, "--seed", str(seed),
+           "--total-steps", str(total_steps), "--run-dir", str(run_dir), "--quiet", *overrides]
+    if network:
+        cmd += ["--network", network]
+    if config:
+        cmd += ["--config", config]
+    return cmd
+
+
+def run_seed(env: str, algo: str, seed: int, total_steps: int, run_dir: Path,
+             config: str | None, overrides: list[str], network: str | None = None) -> dict[str, Any]:
+    """Train one seed to completion; its evaluations and the command's wall-clock seconds.
+
+    Raises ``RuntimeError`` (with the end of stderr) when the run fails.
+    """
+    cmd = train_command(env, algo, seed, total_steps, run_dir, config, overrides, network)
+    t0 = time.time()
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    wall = time.time() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"seed {seed} failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    evals, started = read_evals(run_dir)
+    for e in evals:  # seconds since the command was typed, start-up included
+        e["since_command"] = started - t0 + e["wall_time"]
+    return {"seed": seed, "run_dir": str(run_dir), "command_wall_s": wall, "evals": evals}
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """The newest run's records of ``run_dir/metrics.jsonl`` (from its last ``start`` record)."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    starts = [i for i, r in enumerate(rows) if r["kind"] == "start"]
+    if not starts:
+        raise ValueError(f"{run_dir / 'metrics.jsonl'} has no start record")
+    return rows[starts[-1]:]
+
+
+def read_evals(run_dir: Path) -> tuple[list[dict[str, Any]], float]:
+    """The newest run's evaluation records and its start time (unix seconds)."""
+    rows = read_metrics(run_dir)
+    return [r for r in rows if r["kind"] == "eval"], rows[0]["unix_time"]

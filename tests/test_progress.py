@@ -1,0 +1,88 @@
+"""The console progress line: the sparse part (sparsity and FLOPs) and the unchanged dense line."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from common.algorithms import TD3Config, make_parts
+from common.sparse import SparseConfig
+from common.sparse_stats import combined_flops_ratio
+from proto.messages import Metrics
+from services.supervisor.progress import Progress
+
+pytestmark = pytest.mark.timeout(30)
+DENSE_LINE = re.compile(r"^\[\s*\d+s\] steps 400/1,000 \| updates 200 \| sampling [\d,]+ Hz \| "
+                        r"update 6\.4k fr/s \| utd [\d.]+ \| eval - \| left \d+s$")
+
+
+def progress(tmp_path: Path) -> Progress:
+    p = Progress(tmp_path / "metrics.jsonl", total_steps=1000, time_limit=0.0)
+    p.take(Metrics("replay", {"inserted": 400}))
+    return p
+
+
+def test_dense_line_has_no_sparse_part(tmp_path: Path) -> None:
+    p = progress(tmp_path)
+    p.take(Metrics("learner", {"updates": 200, "update_frame_rate": 6400.0, "critic_loss": 1.0}))
+    assert DENSE_LINE.match(p.line())
+    p.close()
+
+
+def test_fused_line_shows_sparsity_and_weighted_flops(tmp_path: Path) -> None:
+    p = progress(tmp_path)
+    p.take(Metrics("learner", {"updates": 200, "update_frame_rate": 6400.0,
+                               "sparsity/actor": 0.5, "flops_ratio/actor": 0.45, "dense_flops/actor": 100.0,
+                               "sparsity/critic": 0.8, "flops_ratio/critic": 0.53, "dense_flops/critic": 300.0}))
+    line = p.line()
+    head, sparse = line.split(" | sparse ")
+    assert DENSE_LINE.match(head) and sparse == "a50% c80% flops 0.51x"  # (0.45 + 3 x 0.53) / 4
+    p.close()
+
+
+def test_split_learners_are_merged_and_a_missing_role_is_left_out(tmp_path: Path) -> None:
+    p = progress(tmp_path)
+    p.take(Metrics("critic_learner", {"updates": 200, "update_frame_rate": 6400.0, "sparsity/critic": 0.5,
+                                      "flops_ratio/critic": 0.51, "dense_flops/critic": 300.0}))
+    assert p.line().endswith(" | sparse c50% flops 0.51x")  # the actor has not reported yet
+    p.take(Metrics("actor_learner", {"updates": 100, "sparsity/actor": 0.5, "flops_ratio/actor": 0.55,
+                                     "dense_flops/actor": 100.0}))
+    assert p.line().endswith(" | sparse a50% c50% flops 0.52x")
+    p.close()
+
+
+def test_line_from_real_topology_metrics(tmp_path: Path) -> None:
+    """The learners' real metrics: TD3's actor weighs 1/policy_delay of its dense training FLOPs."""
+    actor, critic = make_parts("td3", 17, 6, -np.ones(6), np.ones(6), TD3Config(hidden=(256, 256)),
+                               torch.device("cpu"), True, sparse=SparseConfig(network="ds", sparsity=0.5))
+    values = {**actor.sparse.metrics(), **critic.sparse.metrics()}
+    wa, wc = values["dense_flops/actor"], values["dense_flops/critic"]
+    assert wa == 3 * (17 * 256 + 256 * 256 + 256 * 6) / 2 and wc == 3 * 2 * (23 * 256 + 256 * 256 + 256)
+    flops = combined_flops_ratio(values)
+    assert flops == pytest.approx((actor.sparse.flops_ratio * wa + critic.sparse.flops_ratio * wc) / (wa + wc))
+    p = progress(tmp_path)
+    p.take(Metrics("learner", {"updates": 200, "update_frame_rate": 6400.0, **values}))
+    assert p.line().endswith(f" | sparse a50% c50% flops {flops:.2f}x")
+    p.close()
+
+
+def test_fused_learner_reads_out_on_an_actor_update() -> None:
+    """The fused learner's loss read-outs fall on updates that train the actor too (TD3: every
+    policy_delay), so the actor's sparsity reaches the line; the first update is read out as well."""
+    from types import SimpleNamespace
+
+    from services.learner.main import LOSS_EVERY, Learner
+
+    def due(critic_updates: int, delay: int) -> bool:
+        stand_in = SimpleNamespace(critic=SimpleNamespace(updates=critic_updates),
+                                   actor=SimpleNamespace(policy_delay=delay))
+        return Learner.read_out_due(stand_in)  # type: ignore[arg-type]
+
+    for delay in (1, 2, 3):
+        due_at = [n + 1 for n in range(4 * LOSS_EVERY * delay) if due(n, delay)]
+        assert due_at[0] == 1 and len(due_at) >= 3
+        assert all(n % delay == 0 and n % LOSS_EVERY == 0 for n in due_at[1:])

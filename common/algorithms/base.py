@@ -206,3 +206,22 @@ def load_critics(part: Any, d: dict[str, Any]) -> None:
     part.generator.set_state(d["generator"])
     part.updates = int(d["updates"])
     load_sparse(d, part.sparse)
+
+
+def critic_step(part: Any, batch: Batch, y: torch.Tensor, update_targets: bool,
+                want_metrics: bool) -> dict[str, float]:
+    """One twin-critic regression step toward `y`, shared by TD3 and SAC: MSE of both
+    heads, optimizer step, sparse mask step, then (if asked) Polyak targets + pruning."""
+    q1, q2 = part.critic(batch["obs"], batch["action"])
+    loss = torch.nn.functional.mse_loss(q1, y) + torch.nn.functional.mse_loss(q2, y)
+    part.opt.zero_grad(set_to_none=True)
+    loss.backward()
+    part.opt.step()
+    part.updates += 1
+    sparse_step(part.sparse, part.opt, part.updates)
+    if update_targets:
+        polyak(part._target_params, part._params, part.cfg.tau)
+        sparse_prune(part.sparse)
+    if not want_metrics:
+        return {}
+    return with_sparse(scalars([("critic_loss", loss), ("q_mean", q1.mean())]), part.sparse)

@@ -14,12 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
-from common.algorithms.base import (load_critics, save_critics, Batch, State, adam, check, check_hidden,
+from common.algorithms.base import (critic_step, load_critics, save_critics, Batch, State, adam, check, check_hidden,
                                     load_module_state, load_sparse, module_snapshot, module_state,
-                                    optimizer_state, params, polyak, save_sparse, scalars,
-                                    sparse_prune, sparse_step, with_sparse)
+                                    optimizer_state, params, save_sparse, scalars,
+                                    sparse_step, with_sparse)
 from common.networks import GaussianActor, TwinCritic
 from common.sparse import SparseTopology
 
@@ -163,19 +162,7 @@ class SACCriticPart:
 
     def update(self, batch: Batch, want_metrics: bool = True) -> dict[str, float]:
         """One critic step, then Polyak the critic targets."""
-        y = self.td_target(batch)
-        q1, q2 = self.critic(batch["obs"], batch["action"])
-        loss = F.mse_loss(q1, y) + F.mse_loss(q2, y)
-        self.opt.zero_grad(set_to_none=True)
-        loss.backward()
-        self.opt.step()
-        sparse_step(self.sparse, self.opt, self.updates + 1)
-        polyak(self._target_params, self._params, self.cfg.tau)
-        sparse_prune(self.sparse)
-        self.updates += 1
-        if not want_metrics:
-            return {}
-        return with_sparse(scalars([("critic_loss", loss), ("q_mean", q1.mean())]), self.sparse)
+        return critic_step(self, batch, self.td_target(batch), True, want_metrics)
 
     def critic_state(self) -> State:
         return module_state(self.critic)

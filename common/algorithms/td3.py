@@ -14,9 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
-from common.algorithms.base import (load_critics, save_critics, Batch, State, adam, check, check_hidden,
+from common.algorithms.base import (critic_step, load_critics, save_critics, Batch, State, adam, check, check_hidden,
                                     load_module_state, load_sparse, module_snapshot, module_state,
                                     optimizer_state, params, polyak, save_sparse, scalars,
                                     sparse_prune, sparse_step, with_sparse)
@@ -155,20 +154,8 @@ class TD3CriticPart:
 
     def update(self, batch: Batch, want_metrics: bool = True) -> dict[str, float]:
         """One critic step; Polyak the critic targets on every ``policy_delay``-th update."""
-        y = self.td_target(batch)
-        q1, q2 = self.critic(batch["obs"], batch["action"])
-        loss = F.mse_loss(q1, y) + F.mse_loss(q2, y)
-        self.opt.zero_grad(set_to_none=True)
-        loss.backward()
-        self.opt.step()
-        self.updates += 1
-        sparse_step(self.sparse, self.opt, self.updates)
-        if self.updates % self.cfg.policy_delay == 0:
-            polyak(self._target_params, self._params, self.cfg.tau)
-            sparse_prune(self.sparse)
-        if not want_metrics:
-            return {}
-        return with_sparse(scalars([("critic_loss", loss), ("q_mean", q1.mean())]), self.sparse)
+        targets_due = (self.updates + 1) % self.cfg.policy_delay == 0
+        return critic_step(self, batch, self.td_target(batch), targets_due, want_metrics)
 
     def critic_state(self) -> State:
         return module_state(self.critic)

@@ -164,7 +164,27 @@ class ReplayBuffer:
         if n == 0:
             return 0
         keep = min(n, self._capacity)  # of an oversized batch only the last `capacity` rows survive
-        block = self._staged(arrays, n - keep, keep)
+        return self._commit(self._staged(arrays, n - keep, keep), n)
+
+    def add_rows(self, rows: np.ndarray) -> int:
+        """Append an already packed float32 [n, width] matrix (the wire layout); return how
+        many transitions were evicted. No staging copy: rows go straight into the ring."""
+        if not isinstance(rows, np.ndarray) or rows.dtype != np.float32 or rows.ndim != 2 \
+                or rows.shape[1] != self._width:
+            shape = getattr(rows, "shape", None)
+            raise ReplayInputError(f"rows have {getattr(rows, 'dtype', type(rows).__name__)} shape {shape}, "
+                                   f"expected float32 [n, {self._width}]")
+        n = rows.shape[0]
+        if n == 0:
+            return 0
+        block = rows[n - min(n, self._capacity):]
+        if self.reject_non_finite and not np.isfinite(block).all():
+            raise ReplayInputError(self._non_finite_message(block, n - block.shape[0]))
+        return self._commit(block, n)
+
+    def _commit(self, block: np.ndarray, n: int) -> int:
+        """Write the surviving rows of an n-row batch and advance the ring and counters."""
+        keep = block.shape[0]
         evicted = max(0, self._size + n - self._capacity)
         self._write(block, (self._position + n - keep) % self._capacity)
         self._position = (self._position + n) % self._capacity

@@ -73,12 +73,10 @@ class WeightsPublisher:
 
     def __init__(self, channel: Channel) -> None:
         self.channel = channel
-        self.last: Weights | None = None
         self.latest: dict[str, Weights] = {}  # newest per net: one publisher may carry several
         self.published = 0
 
     def publish(self, msg: Weights) -> None:
-        self.last = msg
         self.latest[msg.net] = msg
         self.channel.send_nowait(msg)  # XPUB drops for slow subscribers: only the newest matters
         self.published += 1

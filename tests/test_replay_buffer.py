@@ -240,3 +240,21 @@ def test_accepts_read_only_views_and_other_dtypes_stores_float32() -> None:
     np.testing.assert_array_equal(data[:, buf.columns["obs"]], obs)
     np.testing.assert_array_equal(data[:, buf.columns["done"]], [0, 1, 0, 1])
     assert buf.add(**batch([])) == 0 and buf.size == 4
+
+
+def test_add_rows_matches_add_and_checks_its_input() -> None:
+    rng = np.random.default_rng(3)
+    a, b = ReplayBuffer(50, 3, 2, seed=1), ReplayBuffer(50, 3, 2, seed=1)
+    for n in (7, 40, 30, 0, 80):
+        rows = rng.standard_normal((n, a.width)).astype(np.float32)
+        cols = {k: rows[:, c] for k, c in a.columns.items()}
+        assert b.add_rows(rows) == a.add(**cols)
+    np.testing.assert_array_equal(a.sample_packed(20), b.sample_packed(20))
+    assert (a.size, a.position, a.inserted, a.evicted) == (b.size, b.position, b.inserted, b.evicted)
+    bad = np.zeros((4, a.width), np.float32)
+    bad[2, 0] = np.nan
+    with pytest.raises(ReplayInputError, match="obs has a non-finite value nan at row 2"):
+        b.add_rows(bad)
+    with pytest.raises(ReplayInputError, match=f"expected float32 \\[n, {a.width}\\]"):
+        b.add_rows(np.zeros((4, a.width - 1), np.float32))
+    assert b.inserted == 157  # refused batches wrote nothing

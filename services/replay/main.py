@@ -128,7 +128,7 @@ class Replay(Service):
                              f"{self.layout.obs_dim}, {self.layout.act_dim} ({self.cfg.env})")
             return
         try:
-            self.buffer.add(**self.layout.columns(msg.transitions))
+            self.buffer.add_rows(msg.transitions)
         except ReplayInputError as exc:
             self.reject(msg, sender, str(exc))
             return

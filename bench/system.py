@@ -32,12 +32,15 @@ class BenchFailed(RuntimeError):
 
 
 def measure(cfg: Config, specs: list[ServiceSpec], ready: Callable[[Progress], bool],
-            seconds: float) -> tuple[list[dict[str, Any]], float]:
+            seconds: float, on_window: Callable[[str, Supervisor], None] | None = None,
+            ) -> tuple[list[dict[str, Any]], float]:
     """Run `specs` under a Supervisor until `ready`, then `seconds` more; return the run's
     metrics records and the supervisor time (wall_time scale of the records) of the stop.
+    `on_window("start" | "end", supervisor)` is called as the window opens and closes.
 
     cfg.run_dir must exist; cfg.time_limit should leave room for start-up (a safety net)."""
     sup = Supervisor(cfg, quiet=True, specs=specs)
+    window = on_window or (lambda phase, supervisor: None)
 
     async def go() -> tuple[int, float]:
         task = asyncio.create_task(sup.run())
@@ -54,8 +57,10 @@ def measure(cfg: Config, specs: list[ServiceSpec], ready: Callable[[Progress], b
             await task
             raise BenchFailed(f"bench run stopped before measuring: {sup.stop_reason}\n"
                               f"{log_tails(Path(cfg.run_dir))}")
+        window("start", sup)
         if not sup.done.is_set():
             await asyncio.wait([task], timeout=seconds)
+        window("end", sup)
         stop_at = sup.progress.elapsed
         sup.stop(f"bench window of {seconds:g}s measured")
         return await task, stop_at

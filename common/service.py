@@ -24,7 +24,7 @@ import zmq.asyncio
 from common.codec import Encoder
 from common.config import Config, from_dict
 from common.errors import ConfigError, PeerError, TransportTimeout
-from common.transport import Channel
+from common.transport import Channel, transport_seconds
 from proto.messages import Control, ControlReply, Heartbeat, Metrics, Register, Welcome
 
 log = logging.getLogger(__name__)
@@ -77,7 +77,9 @@ class Service:
                        encoder=self.encoder, **kw)
 
     def publish(self, values: dict[str, Any]) -> None:
-        """Metrics are best effort: a full PUB queue drops them."""
+        """Metrics are best effort: a full PUB queue drops them. Every record also carries the
+        process's CPU seconds and the seconds of it spent in transport (codec and sockets)."""
+        values = {**values, "cpu_s": time.process_time(), "transport_s": transport_seconds()}
         self.metrics_out.send_nowait(Metrics(service=self.service_id, values=values))
 
     @property

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,20 @@ from proto.messages import Error, Message, from_envelope, to_frames
 log = logging.getLogger(__name__)
 
 IPC_PATH_MAX = 107  # sun_path is 108 bytes on Linux, one for the NUL
+
+# Seconds this process spent in transport: encoding, decoding and the socket calls
+# themselves, not the time spent waiting for a peer or a high-water mark. Services report
+# it with their metrics (`transport_s`), so `spreeze bench e2e` can show its share.
+_busy_s = 0.0
+
+
+def transport_seconds() -> float:
+    return _busy_s
+
+
+def _account(since: float) -> None:
+    global _busy_s
+    _busy_s += time.perf_counter() - since
 
 
 @dataclass(frozen=True)
@@ -121,13 +136,17 @@ class Channel:
 
     # ------------------------------------------------------------------ sending
     async def send(self, msg: Message, to: bytes | None = None) -> None:
+        t0 = time.perf_counter()
         frames = to_frames(msg, self.encoder)
         if to is not None:
             frames.insert(0, to)
-        await self.sock.send_multipart(frames, copy=False)
+        sent = self.sock.send_multipart(frames, copy=False)  # sends now unless it would block
+        _account(t0)
+        await sent
 
     def send_nowait(self, msg: Message, to: bytes | None = None) -> bool:
         """Send unless the socket would block; False when it would (PUB drops instead)."""
+        t0 = time.perf_counter()
         frames = to_frames(msg, self.encoder)
         if to is not None:
             frames.insert(0, to)
@@ -136,6 +155,8 @@ class Channel:
             return True
         except zmq.Again:
             return False
+        finally:
+            _account(t0)
 
     # ---------------------------------------------------------------- receiving
     async def recv(self, timeout: float | None = None) -> tuple[bytes | None, Message]:
@@ -143,8 +164,10 @@ class Channel:
         while True:
             if timeout is not None and not await self.sock.poll(int(timeout * 1000), zmq.POLLIN):
                 raise TransportTimeout(f"no message on {self.role} {self.endpoint} within {timeout}s")
-            frames = await self.sock.recv_multipart(copy=False)
-            got = self.parse(frames)
+            t0 = time.perf_counter()
+            received = self.sock.recv_multipart(copy=False)  # done now if a message is queued
+            _account(t0)
+            got = self.parse(await received)
             if got is not None:
                 return got
 
@@ -162,9 +185,21 @@ class Channel:
 
     def recv_nowait(self) -> tuple[bytes | None, Message] | None:
         """One queued message; None if it was bad (counted); raises zmq.Again if none is queued."""
-        return self.parse(self.now.recv_multipart(flags=zmq.NOBLOCK, copy=False))
+        t0 = time.perf_counter()
+        try:
+            frames = self.now.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+        finally:
+            _account(t0)
+        return self.parse(frames)
 
     def parse(self, frames: list[Any]) -> tuple[bytes | None, Message] | None:
+        t0 = time.perf_counter()
+        try:
+            return self._parse(frames)
+        finally:
+            _account(t0)
+
+    def _parse(self, frames: list[Any]) -> tuple[bytes | None, Message] | None:
         peer = None
         if self.is_router:
             peer = frames[0].bytes

@@ -67,3 +67,42 @@ def test_bench_update_smoke(tmp_path: Path) -> None:
     assert 0 <= row["spreeze_batch_wait_fraction"] <= 1.05  # a share of the time (clocks of two processes)
     # the learner really trained on the filled replay, through the sockets
     assert (tmp_path / "runs" / "r0-td3-b64" / "checkpoints" / "learner.pt").exists()
+
+
+@pytest.mark.timeout(240)
+def test_bench_e2e_smoke(tmp_path: Path) -> None:
+    out = tmp_path / "e2e.json"
+    assert cli(["bench", "e2e", "--config", "configs/pendulum-smoke.yaml", "--seconds", "4",
+                "--json", str(out), "--out", str(tmp_path / "runs")]) == 0
+    result = json.loads(out.read_text())
+    assert result["bench"] == "e2e" and result["env"] == "Pendulum-v1"
+    assert result["sampling_hz"] > 0 and result["updates_per_s"] > 0
+    assert result["update_frame_rate"] == pytest.approx(result["batch_size"] * result["updates_per_s"])
+    assert result["update_to_data"] == pytest.approx(result["updates_per_s"] / result["sampling_hz"])
+    services = result["services"]
+    assert {"replay", "learner", "evaluator", "sampler-0", "supervisor"} <= set(services)
+    assert all(s["cpu_share"] >= 0 for s in services.values())
+    for sid in ("replay", "learner"):  # they report metrics every second: their transport share is known
+        assert 0 < services[sid]["transport_share"] < 1
+
+
+def test_transport_seconds_count_codec_and_socket_calls() -> None:
+    import zmq.asyncio
+
+    from common.codec import Encoder
+    from common.transport import Channel, transport_seconds
+    from proto.messages import Heartbeat
+
+    async def go() -> None:
+        ctx = zmq.asyncio.Context()
+        a = Channel(ctx, "control", "inproc://busy", binding=True, encoder=Encoder("a"))
+        b = Channel(ctx, "control", "inproc://busy", binding=False, encoder=Encoder("b"), identity="b")
+        before = transport_seconds()
+        for _ in range(200):
+            await b.send(Heartbeat("b", "running", {"x": 1}))
+            await a.recv()
+        assert transport_seconds() > before
+        ctx.destroy(linger=0)
+
+    import asyncio
+    asyncio.run(go())

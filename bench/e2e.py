@@ -1,0 +1,181 @@
+"""`spreeze bench e2e`: the whole system training, and where its CPU time goes.
+
+Runs the real roster of a training run (replay, learner(s), evaluator, samplers; every one
+a process on real sockets, under the real Supervisor) with the given config, waits until
+the learner has started updating (start-up and the warm-up are excluded), then measures a
+window of `--seconds`:
+  sampling Hz        replay `inserted` per second (env steps reaching replay);
+  update frame rate  learner updates per second x batch size;
+  update-to-data     updates per env step, beside the configured target;
+  rate-limiter stalls: share of the replay's time that inserts / sample requests waited;
+and per service: CPU share (CPU seconds per wall second from /proc, 1.0 = one core busy;
+the supervisor is this process) and transport share (the part of the service's own CPU
+seconds spent encoding, decoding and in socket calls, from the `transport_s` and `cpu_s`
+every service reports with its metrics). Medians over `--repeats`.
+
+    spreeze bench e2e [--config F] [--seconds 30] [--repeats 1] [--json F] [--out DIR] [key=value ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.system import STARTUP_S, BenchFailed, measure, rate
+from common.config import Config, load_config
+from services.supervisor.main import Supervisor, roster
+from services.supervisor.progress import Progress
+
+HUGE = 10 ** 15  # total_steps: never reached
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """utime + stime of a live process, from /proc (None once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+class CpuWindow:
+    """CPU seconds of every service process (and of the supervisor) over the window."""
+
+    def __init__(self) -> None:
+        self.marks: dict[str, dict[str, tuple[float, float | None]]] = {}
+
+    def __call__(self, phase: str, sup: Supervisor) -> None:
+        now = time.monotonic()
+        marks = {sid: (now, cpu_seconds(c.proc.pid) if c.alive else None)  # type: ignore[union-attr]
+                 for sid, c in sup.children.items()}
+        marks["supervisor"] = (now, time.process_time())
+        self.marks[phase] = marks
+
+    def shares(self) -> dict[str, float]:
+        start, end = self.marks.get("start", {}), self.marks.get("end", {})
+        out = {}
+        for sid, (t1, c1) in end.items():
+            t0, c0 = start.get(sid, (t1, None))
+            if c0 is not None and c1 is not None and t1 > t0:
+                out[sid] = (c1 - c0) / (t1 - t0)
+        return out
+
+
+def learner_service(cfg: Config) -> str:
+    return "learner" if cfg.learner.mode == "fused" else "critic_learner"
+
+
+def measure_run(cfg: Config, seconds: float) -> dict[str, Any]:
+    """One window of the full system; the numbers of the table."""
+    Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
+    cpu = CpuWindow()
+
+    def ready(p: Progress) -> bool:
+        return p.updates > 0
+
+    rows, stop_at = measure(cfg, roster(cfg), ready, seconds, on_window=cpu)
+    steps = rate(rows, "replay", "inserted", stop_at, also=("insert_stall_s", "sample_stall_s"))
+    updates = rate(rows, learner_service(cfg), "updates", stop_at)
+    services = {}
+    for sid, share in sorted(cpu.shares().items()):
+        row: dict[str, Any] = {"cpu_share": share, "transport_share": None}
+        try:
+            got = rate(rows, sid, "cpu_s", stop_at, also=("transport_s",))
+            row["transport_share"] = got["transport_s"] / got["rate"] if got["rate"] > 0 else None
+        except BenchFailed:
+            pass  # a service that reports no metrics within the window (the evaluator, the supervisor)
+        services[sid] = row
+    return {
+        "sampling_hz": steps["rate"], "updates_per_s": updates["rate"],
+        "update_frame_rate": updates["rate"] * cfg.learner.batch_size,
+        "update_to_data": updates["rate"] / steps["rate"] if steps["rate"] > 0 else 0.0,
+        "insert_stall_share": steps["insert_stall_s"], "sample_stall_share": steps["sample_stall_s"],
+        "window_s": steps["window_s"], "services": services,
+    }
+
+
+def run(cfg: Config, seconds: float = 30.0, repeats: int = 1, json_path: str | None = None,
+        out: str | None = None) -> dict[str, Any]:
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="spreeze-bench-e2e-") as tmp:
+        base = Path(out) if out else Path(tmp)
+        for rep in range(repeats):
+            run_cfg = dataclasses.replace(cfg, run_dir=str(base / f"r{rep}"), seed=cfg.seed + rep)
+            runs.append(measure_run(run_cfg, seconds))
+    result = summarize(cfg, seconds, repeats, runs)
+    print(table(result))
+    if json_path:
+        Path(json_path).write_text(json.dumps(result, indent=2))
+    return result
+
+
+def summarize(cfg: Config, seconds: float, repeats: int, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    med = statistics.median
+
+    def m(key: str) -> float:
+        return med(r[key] for r in runs)
+
+    services = {}
+    for sid in sorted({s for r in runs for s in r["services"]}):
+        cpu = [r["services"][sid]["cpu_share"] for r in runs if sid in r["services"]]
+        tr = [r["services"][sid]["transport_share"] for r in runs
+              if sid in r["services"] and r["services"][sid]["transport_share"] is not None]
+        services[sid] = {"cpu_share": med(cpu), "transport_share": med(tr) if tr else None}
+    return {
+        "bench": "e2e", "env": cfg.env, "algo": cfg.algo, "network": cfg.sparse.network,
+        "learner_mode": cfg.learner.mode, "batch_size": cfg.learner.batch_size,
+        "samplers": cfg.sampler.num_samplers, "envs_per_sampler": cfg.sampler.envs_per_sampler,
+        "target_update_to_data": cfg.replay.update_to_data, "cores": os.cpu_count(),
+        "seconds": seconds, "repeats": repeats,
+        **{k: m(k) for k in ("sampling_hz", "updates_per_s", "update_frame_rate", "update_to_data",
+                             "insert_stall_share", "sample_stall_share")},
+        "services": services, "runs": runs,
+    }
+
+
+def table(result: dict[str, Any]) -> str:
+    r = result
+    lines = [f"{r['algo']} on {r['env']} ({r['network']}, {r['learner_mode']} learner, batch {r['batch_size']}, "
+             f"{r['samplers']} sampler(s) x {r['envs_per_sampler']} envs, {r['cores']} cores)",
+             f"sampling {r['sampling_hz']:,.0f} Hz | update {r['updates_per_s']:,.1f}/s = "
+             f"{r['update_frame_rate']:,.0f} fr/s | update-to-data {r['update_to_data']:.3f} "
+             f"(target {r['target_update_to_data']:g}) | replay waits: inserts "
+             f"{100 * r['insert_stall_share']:.0f}%, sample requests {100 * r['sample_stall_share']:.0f}%",
+             f"{'service':>16} {'CPU (cores)':>11} {'transport share of its CPU':>27}"]
+    for sid, s in r["services"].items():
+        tr = "-" if s["transport_share"] is None else f"{100 * s['transport_share']:.1f}%"
+        lines.append(f"{sid:>16} {s['cpu_share']:>11.2f} {tr:>27}")
+    total = sum(s["cpu_share"] for s in r["services"].values())
+    lines.append(f"{'total':>16} {total:>11.2f}")
+    lines.append(f"medians of {r['repeats']} run(s), each a ~{r['seconds']:g}s window after the first update")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="spreeze bench e2e", description=__doc__.splitlines()[0])
+    p.add_argument("--config", default=None, help="YAML config file (default: the built-in defaults)")
+    p.add_argument("--seconds", type=float, default=30.0, help="measurement window of each run")
+    p.add_argument("--repeats", type=int, default=1, help="runs (medians reported)")
+    p.add_argument("--json", default=None, help="also write the results to this JSON file")
+    p.add_argument("--out", default=None, help="keep the runs' directories (logs, metrics) here")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
+    args = p.parse_args(argv)
+    if args.seconds <= 0 or args.repeats <= 0:
+        p.error("--seconds and --repeats must be positive")
+    cfg = load_config(args.config, [*args.overrides, f"total_steps={HUGE}",
+                                    f"time_limit={args.seconds + 2 * STARTUP_S + 300}"])
+    run(cfg, args.seconds, args.repeats, args.json, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

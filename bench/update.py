@@ -20,7 +20,7 @@ Update frame rate = batch size x updates/s. Medians over `--repeats`; within eac
 repeat the order of the two alternates.
 
     spreeze bench update [--algo td3 sac] [--batch-sizes 256 1024 4096 8192] [--hidden 256 256]
-                         [--seconds 10] [--threads 1] [--device cpu] [--json F]
+                         [--seconds 10] [--threads 1] [--device cpu] [--json F] [key=value ...]
 """
 
 from __future__ import annotations
@@ -53,10 +53,11 @@ WARMUP_UPDATES = 10  # plain loop: untimed updates first (allocator, first-call 
 
 
 def bench_config(algo: str, batch: int, hidden: tuple[int, ...], threads: int, device: str,
-                 fill: int, seconds: float, run_dir: Path, seed: int = 0) -> Config:
+                 fill: int, seconds: float, run_dir: Path, seed: int = 0,
+                 overrides: tuple[str, ...] = ()) -> Config:
     """The run config of one measurement; the plain loop builds its networks from it too."""
     hid = ",".join(str(h) for h in hidden)
-    return load_config(None, [
+    return load_config(None, [*overrides,
         f"env={ENV}", f"algo={algo}", f"seed={seed}", f"run_dir={run_dir}", f"total_steps={HUGE}",
         f"time_limit={seconds + 2 * STARTUP_S}",  # safety net only: bench.system stops the run
         f"{algo}.hidden=[{hid}]", "learner.mode=fused", f"learner.batch_size={batch}",
@@ -112,7 +113,7 @@ def plain_rate(cfg: Config, seconds: float) -> dict[str, float]:
 def run(algos: tuple[str, ...] = ("td3", "sac"), batch_sizes: tuple[int, ...] = (256, 1024, 4096, 8192),
         hidden: tuple[int, ...] = (256, 256), seconds: float = 10.0, threads: int = 1,
         device: str = "cpu", repeats: int = 1, fill: int = 100_000, json_path: str | None = None,
-        out: str | None = None) -> dict[str, Any]:
+        out: str | None = None, overrides: tuple[str, ...] = ()) -> dict[str, Any]:
     """Measure both sides for every (algo, batch), interleaved; print; return (and write) JSON."""
     fill = max(fill, max(batch_sizes))
     runs: dict[tuple[str, int], dict[str, list[dict[str, float]]]] = {
@@ -123,12 +124,13 @@ def run(algos: tuple[str, ...] = ("td3", "sac"), batch_sizes: tuple[int, ...] = 
             for algo in algos:
                 for batch in batch_sizes:
                     cfg = bench_config(algo, batch, hidden, threads, device, fill, seconds,
-                                       base / f"r{rep}-{algo}-b{batch}", seed=rep)
+                                       base / f"r{rep}-{algo}-b{batch}", seed=rep, overrides=overrides)
                     sides = ("spreeze", "plain") if rep % 2 == 0 else ("plain", "spreeze")
                     for side in sides:
                         got = system_rate(cfg, seconds) if side == "spreeze" else plain_rate(cfg, seconds)
                         runs[(algo, batch)][side].append(got)
     result = summarize(runs, hidden, seconds, threads, device, repeats, fill)
+    result["overrides"] = list(overrides)
     print(table(result))
     if json_path:
         Path(json_path).write_text(json.dumps(result, indent=2))
@@ -166,6 +168,8 @@ def table(result: dict[str, Any]) -> str:
                      f"{r['spreeze_frame_rate']:>13,.0f} {r['plain_updates_per_s']:>11,.1f} "
                      f"{r['plain_frame_rate']:>12,.0f} {r['ratio']:>13.3f} "
                      f"{100 * r['spreeze_batch_wait_fraction']:>9.1f}%")
+    if result.get("overrides"):
+        lines.append(f"spreeze runs with {' '.join(result['overrides'])}")
     lines.append(f"medians of {result['repeats']} interleaved repeat(s); fr/s = batch x updates/s; "
                  "batch wait: share of the learner's time spent waiting for batches")
     return "\n".join(lines)
@@ -183,15 +187,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fill", type=int, default=100_000, help="random transitions in replay (its capacity)")
     p.add_argument("--json", default=None, help="also write the results to this JSON file")
     p.add_argument("--out", default=None, help="keep the runs' directories (logs, metrics) here")
+    p.add_argument("overrides", nargs="*", metavar="key=value",
+                   help="config overrides of the measured runs, e.g. learner.batches_per_request=4")
     args = p.parse_args(argv)
     if (min(args.batch_sizes) <= 0 or min(args.hidden) <= 0 or args.seconds <= 0 or args.threads <= 0
             or args.repeats <= 0 or args.fill <= 0):
         p.error("--batch-sizes, --hidden, --seconds, --threads, --repeats and --fill must be positive")
     bench_config(args.algo[0], args.batch_sizes[0], tuple(args.hidden), args.threads, args.device,
-                 max(args.fill, max(args.batch_sizes)), args.seconds, Path("."))  # validate the config
+                 max(args.fill, max(args.batch_sizes)), args.seconds, Path("."),
+                 overrides=tuple(args.overrides))  # validate the config
     device_of(args.device)  # refuse cuda without CUDA before starting anything
     run(tuple(args.algo), tuple(args.batch_sizes), tuple(args.hidden), args.seconds, args.threads,
-        args.device, args.repeats, args.fill, args.json, args.out)
+        args.device, args.repeats, args.fill, args.json, args.out, tuple(args.overrides))
     return 0
 
 

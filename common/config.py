@@ -57,6 +57,7 @@ class LearnerConfig:
     mode: str = "fused"  # fused: one process for actor and critics | split: actor_learner + critic_learner
     batch_size: int = 256  # transitions per gradient update
     prefetch: int = 4  # sample requests kept in flight per learner
+    batches_per_request: int = 1  # update batches per sample request (one message and one device copy for all)
     sync_every: int = 2  # split mode: updates between actor <-> critic weight exchanges (K)
     max_lag: int = 64  # split mode: critic updates the critic may run ahead of the actor it uses
     publish_interval: float = 0.05  # seconds between actor weight publishes to samplers/evaluator
@@ -67,7 +68,8 @@ class LearnerConfig:
 
     def validate(self) -> None:
         _choice(self, "mode", ("fused", "split"))
-        _positive(self, "batch_size", "prefetch", "sync_every", "max_lag", "threads", "checkpoint_every_s")
+        _positive(self, "batch_size", "prefetch", "batches_per_request", "sync_every", "max_lag", "threads",
+                  "checkpoint_every_s")
         if self.prefetch > MAX_PREFETCH:  # more replies than the sample sockets queue: ROUTER drops them
             raise ConfigError(f"learner.prefetch={self.prefetch!r} must be <= {MAX_PREFETCH} "
                               "(the sample socket's high-water mark)")
@@ -139,6 +141,10 @@ class Config:
                 except ValueError as exc:
                     raise ConfigError(str(exc)) from None
         lc = self.learner
+        if lc.batch_size * lc.batches_per_request > self.replay.capacity:
+            raise ConfigError(f"learner.batch_size x learner.batches_per_request = "
+                              f"{lc.batch_size * lc.batches_per_request} exceeds replay.capacity="
+                              f"{self.replay.capacity}: one sample request could never be answered")
         delay = self.td3.policy_delay if self.algo == "td3" else 1
         if lc.mode == "split" and lc.max_lag < lc.sync_every * delay - 1:
             # the critic stops max_lag updates past the newest actor copy; the actor sends its next

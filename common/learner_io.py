@@ -6,6 +6,7 @@ import asyncio
 import os
 import time
 import warnings
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -24,25 +25,31 @@ warnings.filterwarnings("ignore", message="The given NumPy array is not writable
 class BatchStream:
     """Keeps `prefetch` SampleRequests in flight and yields batches as torch tensors.
 
+    Each request asks for `per_request` batches at once (one message, one gather in
+    replay, one device copy); they are yielded one by one. Uniform sampling with
+    replacement makes the slices of one big sample independent batches.
     On CPU the tensor is a view of the received frame (no copy); on CUDA one pinned
-    host-to-device copy per batch, then the columns are views of the device matrix.
+    host-to-device copy per request, then the columns are views of the device matrix.
     """
 
     def __init__(self, channel: Channel, layout: TransitionLayout, batch_size: int,
-                 prefetch: int, device: torch.device) -> None:
+                 prefetch: int, device: torch.device, per_request: int = 1) -> None:
         self.channel, self.layout, self.device = channel, layout, device
-        self.batch_size, self.prefetch = batch_size, prefetch
+        self.batch_size, self.prefetch, self.per_request = batch_size, prefetch, per_request
         self.next_id = 0
         self.in_flight = 0
+        self.ready: deque[Batch] = deque()  # batches of the newest reply not yet used
         self.inserted = 0  # env steps replay had seen at the newest batch
         self.wait_s = 0.0  # time spent waiting for batches (transport + rate limiting)
 
     async def next(self, stop: asyncio.Event) -> Batch | None:
         """Next batch, or None once `stop` is set."""
         await asyncio.sleep(0)  # a ready socket never yields: let heartbeats and control run
+        if self.ready:
+            return self.ready.popleft()
         while self.in_flight < self.prefetch:
             self.next_id += 1
-            await self.channel.send(SampleRequest(self.next_id, self.batch_size))
+            await self.channel.send(SampleRequest(self.next_id, self.batch_size * self.per_request))
             self.in_flight += 1
         t0 = time.perf_counter()
         try:
@@ -56,16 +63,21 @@ class BatchStream:
                 if isinstance(msg, SampledBatch):
                     self.in_flight -= 1
                     self.inserted = msg.inserted
-                    return self.to_batch(msg)
+                    self.ready.extend(self.to_batches(msg))
+                    return self.ready.popleft()
             return None
         finally:
             self.wait_s += time.perf_counter() - t0
 
-    def to_batch(self, msg: SampledBatch) -> Batch:
+    def to_batches(self, msg: SampledBatch) -> list[Batch]:
         m = torch.from_numpy(msg.transitions)
+        if len(m) != self.batch_size * self.per_request:
+            raise PeerError(f"replay answered request {msg.request_id} with {len(m)} rows, "
+                            f"expected {self.batch_size * self.per_request}")
         if self.device.type != "cpu":
             m = m.pin_memory().to(self.device, non_blocking=True)
-        return self.layout.columns(m)  # type: ignore[return-value]
+        return [self.layout.columns(part)  # type: ignore[misc]
+                for part in m.split(self.batch_size)]
 
 
 def atomic_save(obj: Any, path: str | Path) -> None:

@@ -187,3 +187,31 @@ def test_split_pair_keeps_going(tmp_path: Path, max_lag: int) -> None:
             assert cl.critic.updates >= 24
             assert cl.critic.updates - cl.actor_seen <= max_lag + 1
     run(body())
+
+
+def test_batch_stream_takes_several_batches_per_request(tmp_path: Path) -> None:
+    from common.learner_io import BatchStream
+
+    async def body() -> None:
+        async with Harness(config(tmp_path, "replay.update_to_data=0")) as h:
+            r = await replay_with(h)
+            stream = BatchStream(h.channel("sample", binding=False), layout_of(h.cfg), batch_size=32,
+                                 prefetch=1, device=torch.device("cpu"), per_request=3)
+            stop = asyncio.Event()
+            first = [await stream.next(stop) for _ in range(3)]
+            assert r.limiter.samples == 96 and stream.next_id == 1  # one request of 3 x 32 rows
+            assert all(b["obs"].shape == (32, 3) for b in first)  # type: ignore[index]
+            rows = torch.cat([torch.cat([b["obs"], b["action"]], 1) for b in first])  # type: ignore[index]
+            assert len({tuple(x.tolist()) for x in rows}) > 32  # three different slices, not one repeated
+            await stream.next(stop)  # the fourth batch needs a second request
+            assert stream.next_id == 2
+            assert r.limiter.samples == 192
+    run(body())
+
+
+def test_batches_per_request_must_fit_in_replay(tmp_path: Path) -> None:
+    from common.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="batches_per_request"):
+        config(tmp_path, "replay.capacity=1000", "replay.min_size=100", "learner.batch_size=256",
+               "learner.batches_per_request=4")

@@ -30,7 +30,7 @@ class LearnerBase(Service):
                                    sparse=self.cfg.sparse, total_updates=self.cfg.total_updates)
         lc = self.cfg.learner
         self.batches = BatchStream(self.channel("sample", binding=False), self.layout, lc.batch_size,
-                                   lc.prefetch, self.device)
+                                   lc.prefetch, self.device, lc.batches_per_request)
         self.last_metrics = self.last_checkpoint = time.monotonic()
         self.metrics_updates = 0
         self.losses: dict[str, float] = {}

@@ -48,7 +48,8 @@ def limiter_config(cfg: Config) -> RateLimiterConfig:
     spi = rc.update_to_data * cfg.learner.batch_size * samples_per_update(cfg)
     # slack in sampled transitions: a fraction of the warm-up's worth of updates, and never
     # less than every learner's in-flight requests, so neither side can deadlock
-    floor = 4 * cfg.learner.batch_size * (cfg.learner.prefetch + 1)
+    lc = cfg.learner
+    floor = 4 * lc.batch_size * lc.batches_per_request * (lc.prefetch + 1)
     error_buffer = max(rc.tolerance * rc.min_size * spi, floor, spi * 2)
     return RateLimiterConfig(samples_per_insert=spi, min_size_to_sample=max(rc.min_size, 1),
                              error_buffer=error_buffer)

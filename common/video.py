@@ -1,0 +1,121 @@
+"""MP4 videos of deterministic evaluation episodes, rendered offscreen by MuJoCo.
+
+The GL backend is MuJoCo's `MUJOCO_GL`: the user's choice when set, else `egl` on a
+machine with an NVIDIA GPU and `osmesa` (software, Debian's libosmesa6) elsewhere. It
+must be in the environment before MuJoCo's renderer first loads, so the evaluator builds
+its `EpisodeRecorder` before any environment. When rendering fails, `record` raises
+`VideoError` saying why and how to enable videos, the recorder turns itself off, and
+training goes on. Frames are streamed to ffmpeg (the binary shipped by imageio-ffmpeg),
+H.264 in yuv420p so that browsers play it, written to a temp name and renamed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+
+from common.envs import make_env
+from common.errors import ConfigError, VideoError
+from common.numpy_policy import NumpyActor
+
+VIDEO_SIZE = (256, 192)  # width, height: multiples of 16 (H.264 blocks); software GL renders this in ~30 ms
+MAX_FRAMES = 10_000  # an episode without a time limit stops being filmed here
+GL_HINT = ("to record videos install Debian's libosmesa6 and set MUJOCO_GL=osmesa (CPU), or set "
+           "MUJOCO_GL=egl on a machine with a GPU; eval.video_every=0 turns videos off")
+
+
+def choose_gl() -> str:
+    """Set and return MuJoCo's offscreen GL backend (see the module doc)."""
+    backend = os.environ.get("MUJOCO_GL") or ("egl" if Path("/dev/nvidiactl").exists() else "osmesa")
+    os.environ["MUJOCO_GL"] = backend
+    return backend
+
+
+def _render_env(env_id: str, seed: int) -> gym.Env:
+    try:
+        return make_env(env_id, seed=seed, render_mode="rgb_array", width=VIDEO_SIZE[0], height=VIDEO_SIZE[1])
+    except TypeError:  # classic-control envs take no frame size
+        return make_env(env_id, seed=seed, render_mode="rgb_array")
+
+
+def _frame(env: gym.Env, env_id: str) -> np.ndarray:
+    try:
+        frame = env.render()
+    except gym.error.DependencyNotInstalled as exc:
+        raise VideoError(f"{env_id} cannot render: {exc}") from None
+    except Exception as exc:  # GL libraries raise anything from ImportError to mujoco.FatalError
+        raise VideoError(f"{env_id} cannot render offscreen with MUJOCO_GL={os.environ.get('MUJOCO_GL')!r}: "
+                         f"{type(exc).__name__}: {exc}; {GL_HINT}") from None
+    if not isinstance(frame, np.ndarray) or frame.ndim != 3:
+        raise VideoError(f"{env_id} rendered {type(frame).__name__}, not an RGB image; {GL_HINT}")
+    return np.ascontiguousarray(frame[:, :, :3])
+
+
+def record_episode(env_id: str, actor: NumpyActor, path: Path, seed: int) -> int:
+    """Film one deterministic episode into the MP4 `path`; returns the number of frames."""
+    import imageio_ffmpeg
+
+    choose_gl()
+    env = _render_env(env_id, seed)
+    tmp = path.with_name(path.name + ".partial")
+    frames, writer = 0, None
+    try:
+        obs, _ = env.reset(seed=seed)
+        frame = _frame(env, env_id)
+        fps = float(env.metadata.get("render_fps") or 30)
+        writer = imageio_ffmpeg.write_frames(str(tmp), (frame.shape[1], frame.shape[0]), fps=fps,
+                                             codec="libx264", pix_fmt_out="yuv420p", macro_block_size=16,
+                                             output_params=["-f", "mp4", "-movflags", "+faststart"])
+        writer.send(None)  # start ffmpeg
+        rng = np.random.default_rng(0)  # unused by deterministic acting, required by the API
+        done = False
+        while True:
+            writer.send(frame)
+            frames += 1
+            if done or frames >= MAX_FRAMES:
+                break
+            action = actor.act(np.asarray(obs, np.float32)[None], rng, explore=False)[0]
+            obs, _, terminated, truncated, _ = env.step(action)
+            done = terminated or truncated
+            frame = _frame(env, env_id)
+        writer.close()
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise VideoError(f"cannot write the video {str(path)!r}: {exc}") from None
+    finally:
+        if writer is not None:
+            writer.close()  # stops ffmpeg, also when the episode failed half way
+        with contextlib.suppress(Exception):  # a renderer that never got a GL context fails to close
+            env.close()
+        tmp.unlink(missing_ok=True)
+    return frames
+
+
+class EpisodeRecorder:
+    """Films the 1st evaluation and every `every`-th after it into run_dir/videos (every=0: never)."""
+
+    def __init__(self, env_id: str, run_dir: str, every: int, seed: int) -> None:
+        if every < 0:
+            raise ConfigError(f"eval.video_every={every!r} must be >= 0")
+        self.env_id, self.every, self.seed = env_id, every, seed
+        self.dir = Path(run_dir) / "videos"
+        self.backend = choose_gl() if every else ""
+        self.off_reason = ""  # set after a failure: no further attempts
+
+    def due(self, evaluations: int) -> bool:
+        return self.every > 0 and not self.off_reason and (evaluations - 1) % self.every == 0
+
+    def record(self, actor: NumpyActor, name: str) -> Path:
+        """The MP4's path; raises VideoError (and turns the recorder off) when it cannot be made."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        path = self.dir / name
+        try:
+            record_episode(self.env_id, actor, path, self.seed)
+        except VideoError as exc:
+            self.off_reason = str(exc)
+            raise
+        return path

@@ -1,4 +1,4 @@
-"""The `spreeze` command line: train, eval, bench, results."""
+"""The `spreeze` command line: train, eval, plot, bench, results."""
 
 from __future__ import annotations
 
@@ -79,6 +79,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plot(args: argparse.Namespace) -> int:
+    from common.plot import plot_runs
+
+    for path in plot_runs([Path(d) for d in args.run_dirs], Path(args.out) if args.out else None):
+        print(path)
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from importlib import import_module
 
@@ -99,6 +107,9 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("run_dir")
     e.add_argument("--episodes", type=int, default=10)
     e.add_argument("--checkpoint", choices=("best", "latest"), default="best")
+    pl = sub.add_parser("plot", help="PNG learning curves (mean ± std over several runs) and throughput")
+    pl.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    pl.add_argument("--out", help="folder for the PNGs (default: the run directory of one run, else .)")
     b = sub.add_parser("bench", help="benchmarks: transport | learning | sampling | update (each has --help)")
     b.add_argument("what", choices=("transport", "learning", "sampling", "update"))
     b.add_argument("rest", nargs=argparse.REMAINDER, help="arguments of the benchmark")
@@ -120,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = list(args.overrides) + extra
     elif extra and args.command != "bench":
         p.error(f"unrecognized arguments: {' '.join(extra)}")
-    handlers = {"train": cmd_train, "eval": cmd_eval, "bench": cmd_bench}
+    handlers = {"train": cmd_train, "eval": cmd_eval, "plot": cmd_plot, "bench": cmd_bench}
     return guarded(args.command, lambda: handlers[args.command](args))
 
 

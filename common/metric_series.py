@@ -21,6 +21,7 @@ LEARNER_ROLES = ("learner", "critic_learner", "actor_learner")
 LAGS = ("policy_lag", "critic_lag")
 SPARSE_PREFIXES = ("sparsity/", "flops_ratio/")
 STALLS = ("insert_stall_s", "sample_stall_s")
+RATE_WINDOW = 2.0  # seconds: rates over shorter spans only show the batching of pushes and reports
 
 Point = list[float]
 Listener = Callable[[str, Point], None]
@@ -53,8 +54,9 @@ def _number(value: Any) -> float | None:
 class MetricSeries:
     """Points of every chart, the events, and when each service was last heard of."""
 
-    def __init__(self, replay_capacity: int = 0) -> None:
+    def __init__(self, replay_capacity: int = 0, rate_window: float = RATE_WINDOW) -> None:
         self.replay_capacity = replay_capacity  # for the replay fill fraction (0: not shown)
+        self.rate_window = rate_window
         self.points: dict[str, list[Point]] = {}
         self.events: list[dict[str, Any]] = []
         self.last_seen: dict[str, float] = {}  # service id -> wall_time of its newest metrics
@@ -111,12 +113,15 @@ class MetricSeries:
                 self.add(f"stalls:{key}", t, v)
         if inserted is None:
             return
-        if self._rate_from is not None:
-            t0, s0, u0 = self._rate_from
-            if t > t0 and self.env_steps > s0:
-                self.add("sampling:env steps/s", t, (self.env_steps - s0) / (t - t0))
+        if self._rate_from is None or self.env_steps < self._rate_from[1]:  # first report, or a new replay
+            self._rate_from = (t, self.env_steps, self.updates)
+            return
+        t0, s0, u0 = self._rate_from
+        if t - t0 >= self.rate_window and t > t0:
+            self.add("sampling:env steps/s", t, (self.env_steps - s0) / (t - t0))
+            if self.env_steps > s0:
                 self.add("utd:update-to-data", t, (self.updates - u0) / (self.env_steps - s0))
-        self._rate_from = (t, self.env_steps, self.updates)
+            self._rate_from = (t, self.env_steps, self.updates)
 
     def _learner(self, service: str, role: str, t: float, values: dict[str, Any]) -> None:
         updates = _number(values.get("updates"))

@@ -14,7 +14,7 @@ import pytest
 
 from common.errors import ConfigError
 from proto.messages import EvalResult, Event, Metrics
-from services.visualizer.main import Visualizer
+from services.visualizer.main import VIDEO_OFF, Visualizer
 from tests.helpers import Harness, config, recv_until, run, until
 
 pytestmark = pytest.mark.timeout(60)
@@ -33,6 +33,20 @@ BUS = [Metrics("learner", {"updates": 400, "update_frame_rate": 25_600.0, "criti
        Event("tune", "more samplers: replay starves", {"num_samplers": 2}),
        Metrics("learner", {"updates": 1400, "update_frame_rate": 30_000.0, "critic_loss": float("nan")}),
        Metrics("replay", {"inserted": 2000, "replay_size": 2000, "insert_stall_s": 0.7, "sample_stall_s": 0.1})]
+
+
+def small_mp4(path: Path) -> bytes:
+    """A real 3-frame H.264 MP4."""
+    import imageio_ffmpeg
+    import numpy as np
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    writer = imageio_ffmpeg.write_frames(str(path), (64, 48), fps=10, codec="libx264", pix_fmt_out="yuv420p")
+    writer.send(None)
+    for i in range(3):
+        writer.send(np.full((48, 64, 3), 60 * i, np.uint8))
+    writer.close()
+    return path.read_bytes()
 
 
 def write_roster(run_dir: Path) -> None:
@@ -65,6 +79,7 @@ def test_data_endpoints_serve_what_the_bus_carried(tmp_path: Path) -> None:
                                   "replay.capacity=4000")) as h:
             announced = h.metrics()
             vis = h.build(Visualizer)
+            vis.series.rate_window = 0.0  # rates from two reports 50 ms apart
             h.start(vis.serve())
             event = await recv_until(announced, lambda m: isinstance(m, Event) and m.kind == "dashboard", 10)
             url = (tmp_path / "dashboard.url").read_text().strip()
@@ -92,6 +107,7 @@ def test_data_endpoints_serve_what_the_bus_carried(tmp_path: Path) -> None:
                 assert points["train_return:sampler-0"][0][1] == -1200.0
                 assert not any("mode" in name for name in points)
 
+                write_roster(tmp_path)  # fresh heartbeats: the liveness window here is 0.25 s
                 health = {r["service"]: r for r in (await get(s, url + "api/health"))["services"]}
                 assert set(health) == set(ROSTER)
                 assert health["learner"]["restarts"] == 2 and health["learner"]["alive"]
@@ -101,7 +117,13 @@ def test_data_endpoints_serve_what_the_bus_carried(tmp_path: Path) -> None:
                 events = (await get(s, url + "api/events"))["events"]
                 assert any(e["event"] == "tune" and e["num_samplers"] == 2 for e in events)
                 video = await get(s, url + "api/video")
-                assert video["url"] is None and video["note"] == ""  # on, but nothing recorded yet
+                assert video["url"] is None and video["note"] == VIDEO_OFF  # the test config has videos off
+                mp4 = small_mp4(tmp_path / "videos" / "eval-0001-steps-1000.mp4")
+                video = await get(s, url + "api/video")
+                assert video["url"] == "/videos/eval-0001-steps-1000.mp4"
+                async with s.get(url + video["url"].lstrip("/")) as resp:
+                    assert resp.status == 200 and resp.headers["Content-Type"] == "video/mp4"
+                    assert await resp.read() == mp4
 
                 async with s.get(url + "api/stream") as resp:
                     assert resp.headers["Content-Type"].startswith("text/event-stream")

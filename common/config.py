@@ -83,7 +83,7 @@ class EvalConfig:
     every_updates: int = 2_500  # evaluate when the learner has done this many more updates
     every_seconds: float = 0.0  # or when this many seconds passed (0 = off)
     episodes: int = 5  # deterministic episodes per evaluation
-    video_every: int = 10  # record an MP4 of one deterministic episode every this many evaluations into run_dir/videos (0 = off)
+    video_every: int = 20  # record an MP4 of one deterministic episode every this many evaluations into run_dir/videos (0 = off)
 
     def validate(self) -> None:
         _positive(self, "episodes")

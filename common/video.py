@@ -11,8 +11,10 @@ H.264 in yuv420p so that browsers play it, written to a temp name and renamed.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
+import threading
 from pathlib import Path
 
 import gymnasium as gym
@@ -23,7 +25,9 @@ from common.errors import ConfigError, VideoError
 from common.numpy_policy import NumpyActor
 
 VIDEO_SIZE = (256, 192)  # width, height: multiples of 16 (H.264 blocks); software GL renders this in ~30 ms
-MAX_FRAMES = 10_000  # an episode without a time limit stops being filmed here
+FRAME_EVERY = 2  # film every 2nd env step: half the rendering cost, still smooth (HalfCheetah: 10 fps)
+MAX_FRAMES = 5_000  # an episode without a time limit stops being filmed here
+RENDER_NICE = 10  # the filming thread yields the CPU to training: videos are the least urgent work
 GL_HINT = ("to record videos install Debian's libosmesa6 and set MUJOCO_GL=osmesa (CPU), or set "
            "MUJOCO_GL=egl on a machine with a GPU; eval.video_every=0 turns videos off")
 
@@ -32,6 +36,8 @@ def choose_gl() -> str:
     """Set and return MuJoCo's offscreen GL backend (see the module doc)."""
     backend = os.environ.get("MUJOCO_GL") or ("egl" if Path("/dev/nvidiactl").exists() else "osmesa")
     os.environ["MUJOCO_GL"] = backend
+    if backend == "osmesa":
+        os.environ.setdefault("LP_NUM_THREADS", "1")  # Mesa's llvmpipe: one thread, never oversubscribe
     return backend
 
 
@@ -55,8 +61,10 @@ def _frame(env: gym.Env, env_id: str) -> np.ndarray:
     return np.ascontiguousarray(frame[:, :, :3])
 
 
-def record_episode(env_id: str, actor: NumpyActor, path: Path, seed: int) -> int:
-    """Film one deterministic episode into the MP4 `path`; returns the number of frames."""
+def record_episode(env_id: str, actor: NumpyActor, path: Path, seed: int,
+                   stop: threading.Event | None = None) -> int:
+    """Film one deterministic episode into the MP4 `path` (every FRAME_EVERY-th step and the
+    last); returns the number of frames. `stop` set: give up at the next frame, no file."""
     import imageio_ffmpeg
 
     choose_gl()
@@ -66,21 +74,27 @@ def record_episode(env_id: str, actor: NumpyActor, path: Path, seed: int) -> int
     try:
         obs, _ = env.reset(seed=seed)
         frame = _frame(env, env_id)
-        fps = float(env.metadata.get("render_fps") or 30)
+        fps = float(env.metadata.get("render_fps") or 30) / FRAME_EVERY
         writer = imageio_ffmpeg.write_frames(str(tmp), (frame.shape[1], frame.shape[0]), fps=fps,
                                              codec="libx264", pix_fmt_out="yuv420p", macro_block_size=16,
                                              output_params=["-f", "mp4", "-movflags", "+faststart"])
         writer.send(None)  # start ffmpeg
         rng = np.random.default_rng(0)  # unused by deterministic acting, required by the API
-        done = False
+        done, steps = False, 0
         while True:
+            if stop is not None and stop.is_set():
+                raise VideoError(f"filming {path.name} was stopped")
             writer.send(frame)
             frames += 1
             if done or frames >= MAX_FRAMES:
                 break
-            action = actor.act(np.asarray(obs, np.float32)[None], rng, explore=False)[0]
-            obs, _, terminated, truncated, _ = env.step(action)
-            done = terminated or truncated
+            for _ in range(FRAME_EVERY):
+                action = actor.act(np.asarray(obs, np.float32)[None], rng, explore=False)[0]
+                obs, _, terminated, truncated, _ = env.step(action)
+                steps += 1
+                done = terminated or truncated
+                if done:
+                    break
             frame = _frame(env, env_id)
         writer.close()
         os.replace(tmp, path)
@@ -96,7 +110,10 @@ def record_episode(env_id: str, actor: NumpyActor, path: Path, seed: int) -> int
 
 
 class EpisodeRecorder:
-    """Films the 1st evaluation and every `every`-th after it into run_dir/videos (every=0: never)."""
+    """Films the 1st evaluation and every `every`-th after it into run_dir/videos (every=0: never).
+
+    `start` films in a daemon thread of low priority, one video at a time, so evaluations
+    go on meanwhile and a shutdown never waits for a video (`stop()` abandons it)."""
 
     def __init__(self, env_id: str, run_dir: str, every: int, seed: int) -> None:
         if every < 0:
@@ -105,17 +122,49 @@ class EpisodeRecorder:
         self.dir = Path(run_dir) / "videos"
         self.backend = choose_gl() if every else ""
         self.off_reason = ""  # set after a failure: no further attempts
+        self.busy = False  # a video is being filmed
+        self.stopping = threading.Event()
 
     def due(self, evaluations: int) -> bool:
-        return self.every > 0 and not self.off_reason and (evaluations - 1) % self.every == 0
+        return (self.every > 0 and not self.off_reason and not self.busy
+                and (evaluations - 1) % self.every == 0)
+
+    def start(self, actor: NumpyActor, name: str) -> asyncio.Future[Path]:
+        """Film in the background; the future gets the MP4's path or the VideoError."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Path] = loop.create_future()
+
+        def settle(result: Path | None, exc: BaseException | None) -> None:
+            self.busy = False
+            if not done.done():
+                done.set_exception(exc) if exc is not None else done.set_result(result)  # type: ignore[arg-type]
+
+        def work() -> None:
+            with contextlib.suppress(OSError):  # this thread only (Linux): training comes first
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), RENDER_NICE)
+            result, error = None, None
+            try:
+                result = self.record(actor, name)
+            except Exception as exc:
+                error = exc
+            with contextlib.suppress(RuntimeError):  # the loop is closed: the process is exiting
+                loop.call_soon_threadsafe(settle, result, error)
+
+        self.busy = True
+        threading.Thread(target=work, name="video", daemon=True).start()
+        return done
+
+    def stop(self) -> None:
+        self.stopping.set()
 
     def record(self, actor: NumpyActor, name: str) -> Path:
         """The MP4's path; raises VideoError (and turns the recorder off) when it cannot be made."""
         self.dir.mkdir(parents=True, exist_ok=True)
         path = self.dir / name
         try:
-            record_episode(self.env_id, actor, path, self.seed)
+            record_episode(self.env_id, actor, path, self.seed, self.stopping)
         except VideoError as exc:
-            self.off_reason = str(exc)
+            if not self.stopping.is_set():
+                self.off_reason = str(exc)
             raise
         return path

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import imageio_ffmpeg
@@ -63,6 +64,23 @@ def test_recorder_films_the_first_and_every_nth_evaluation(tmp_path: Path) -> No
     assert not any(EpisodeRecorder(ENV, str(tmp_path), every=0, seed=0).due(n) for n in range(1, 5))
 
 
+def test_a_stopped_recording_leaves_no_file_and_no_complaint(tmp_path: Path) -> None:
+    async def body() -> None:
+        rec = EpisodeRecorder("HalfCheetah-v5", str(tmp_path), every=1, seed=0)  # 1000 steps: long enough
+        cfg = config(tmp_path, "env=HalfCheetah-v5")
+        a, _ = parts(cfg)
+        film = rec.start(NumpyActor(a.actor_state(), cfg.algo, -np.ones(6, np.float32), np.ones(6, np.float32)), "x.mp4")
+        assert rec.busy and not rec.due(1)  # one video at a time
+        await asyncio.sleep(0.5)
+        rec.stop()
+        with pytest.raises(VideoError, match="stopped"):
+            await film
+        assert not rec.busy and rec.off_reason == ""
+        assert not list((tmp_path / "videos").iterdir())
+
+    run(body(), timeout=60)
+
+
 def test_evaluator_records_every_nth_evaluation_and_tells_the_bus(tmp_path: Path) -> None:
     async def body() -> None:
         async with Harness(config(tmp_path, f"env={ENV}", "eval.video_every=2")) as h:
@@ -72,6 +90,8 @@ def test_evaluator_records_every_nth_evaluation_and_tells_the_bus(tmp_path: Path
             for version in (1, 2, 3):
                 ev.newest = actor(h, version, 10 * version, env_steps=100.0 * version)
                 await ev.evaluate()
+                if ev.video_task is not None:
+                    await ev.video_task  # filming runs in the background
             names = sorted(p.name for p in (tmp_path / "videos").iterdir())
             assert names == ["eval-0001-steps-100.mp4", "eval-0003-steps-300.mp4"]
             got = await recv_until(metrics, lambda m: isinstance(m, Event) and m.kind == "video", 10)
@@ -91,6 +111,8 @@ def test_evaluator_without_gl_goes_on_and_announces_why(tmp_path: Path, monkeypa
             await subscribed(ev, metrics)
             ev.newest = actor(h, 1, 10)
             assert await ev.evaluate() is not None
+            assert ev.video_task is not None
+            await ev.video_task
             got = await recv_until(metrics, lambda m: isinstance(m, Event) and m.kind == "video_unavailable", 10)
             assert got.data == {"notify": True} and "libosmesa6" in got.reason
             ev.newest = actor(h, 2, 20)

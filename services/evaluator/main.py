@@ -49,6 +49,7 @@ class Evaluator(Service):
         self.best = -np.inf
         self.evaluations = 0
         self.started_wall = time.time()
+        self.video_task: asyncio.Task[None] | None = None
 
     def counters(self) -> dict[str, Any]:
         return {"evaluations": self.evaluations, "best": float(self.best)}
@@ -89,16 +90,18 @@ class Evaluator(Service):
         self.last_eval_time = time.monotonic()
         self.evaluations += 1
         self.save(state, result)
-        if self.running and self.videos.due(self.evaluations):  # not on the way out: it may take a while
-            await self.record_video(actor, result)
+        if self.running and self.videos.due(self.evaluations):  # not on the way out: it takes a while
+            self.video_task = asyncio.create_task(self.record_video(actor, result))
         return result
 
     async def record_video(self, actor: NumpyActor, result: EvalResult) -> None:
         """One deterministic episode as MP4; an Event either way (a failure is printed and shown)."""
         name = f"eval-{self.evaluations:04d}-steps-{result.env_steps}.mp4"
         try:
-            await asyncio.to_thread(self.videos.record, actor, name)
+            await self.videos.start(actor, name)  # in the background: evaluations go on
         except VideoError as exc:
+            if not self.running:
+                return  # abandoned on shutdown
             log.warning("no evaluation videos: %s", exc)
             await self.metrics_out.send(Event("video_unavailable", f"no evaluation videos: {exc}", {"notify": True}))
             return
@@ -129,6 +132,7 @@ class Evaluator(Service):
         return out
 
     async def close(self) -> None:
+        self.videos.stop()
         if self.newest is not None and self.newest.version != self.evaluated_version:
             await self.evaluate()
         self.env.close()

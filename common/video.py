@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import threading
 from pathlib import Path
@@ -23,6 +24,8 @@ import numpy as np
 from common.envs import make_env
 from common.errors import ConfigError, VideoError
 from common.numpy_policy import NumpyActor
+
+log = logging.getLogger(__name__)
 
 VIDEO_SIZE = (256, 192)  # width, height: multiples of 16 (H.264 blocks); software GL renders this in ~30 ms
 FRAME_EVERY = 2  # film every 2nd env step: half the rendering cost, still smooth (HalfCheetah: 10 fps)
@@ -145,8 +148,12 @@ class EpisodeRecorder:
             result, error = None, None
             try:
                 result = self.record(actor, name)
-            except Exception as exc:
+            except VideoError as exc:
                 error = exc
+            except Exception as exc:  # a bug here must not end the evaluator: report it as the reason
+                log.exception("filming %s failed", name)
+                self.off_reason = f"filming failed: {type(exc).__name__}: {exc}"
+                error = VideoError(self.off_reason)
             with contextlib.suppress(RuntimeError):  # the loop is closed: the process is exiting
                 loop.call_soon_threadsafe(settle, result, error)
 

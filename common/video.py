@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import threading
@@ -46,22 +47,35 @@ def choose_gl() -> str:
 
 def _render_env(env_id: str, seed: int) -> gym.Env:
     try:
-        return make_env(env_id, seed=seed, render_mode="rgb_array", width=VIDEO_SIZE[0], height=VIDEO_SIZE[1])
-    except TypeError:  # classic-control envs take no frame size
-        return make_env(env_id, seed=seed, render_mode="rgb_array")
+        try:
+            return make_env(env_id, seed=seed, render_mode="rgb_array", width=VIDEO_SIZE[0], height=VIDEO_SIZE[1])
+        except TypeError:  # classic-control envs take no frame size
+            return make_env(env_id, seed=seed, render_mode="rgb_array")
+    except ConfigError:
+        raise
+    except Exception as exc:  # MuJoCo checks MUJOCO_GL when it first loads
+        reason = f"cannot be made for rendering with {_gl_failure(exc)}"
+    raise VideoError(f"{env_id} {reason}")  # outside `except`: no reference to the failed objects
 
 
 def _frame(env: gym.Env, env_id: str) -> np.ndarray:
     try:
         frame = env.render()
     except gym.error.DependencyNotInstalled as exc:
-        raise VideoError(f"{env_id} cannot render: {exc}") from None
+        reason = f"cannot render: {exc}"
     except Exception as exc:  # GL libraries raise anything from ImportError to mujoco.FatalError
-        raise VideoError(f"{env_id} cannot render offscreen with MUJOCO_GL={os.environ.get('MUJOCO_GL')!r}: "
-                         f"{type(exc).__name__}: {exc}; {GL_HINT}") from None
-    if not isinstance(frame, np.ndarray) or frame.ndim != 3:
-        raise VideoError(f"{env_id} rendered {type(frame).__name__}, not an RGB image; {GL_HINT}")
-    return np.ascontiguousarray(frame[:, :, :3])
+        reason = f"cannot render offscreen with {_gl_failure(exc)}"
+    else:
+        if isinstance(frame, np.ndarray) and frame.ndim == 3:
+            return np.ascontiguousarray(frame[:, :, :3])
+        reason = f"rendered {type(frame).__name__}, not an RGB image; {GL_HINT}"
+    # raised outside `except`, so the error holds no traceback into the half-built renderer:
+    # its finalizer must run when record_episode drops it, not at some later allocation
+    raise VideoError(f"{env_id} {reason}")
+
+
+def _gl_failure(exc: Exception) -> str:
+    return f"MUJOCO_GL={os.environ.get('MUJOCO_GL')!r}: {type(exc).__name__}: {exc}; {GL_HINT}"
 
 
 def record_episode(env_id: str, actor: NumpyActor, path: Path, seed: int,
@@ -108,6 +122,11 @@ def record_episode(env_id: str, actor: NumpyActor, path: Path, seed: int,
             writer.close()  # stops ffmpeg, also when the episode failed half way
         with contextlib.suppress(Exception):  # a renderer that never got a GL context fails to close
             env.close()
+        if not frames:
+            # ... and its __del__ raises again: collect it here, not inside some later allocation
+            # (a finalizer raising during compile() trips CPython 3.11's AST depth check)
+            del env
+            gc.collect()
         tmp.unlink(missing_ok=True)
     return frames
 

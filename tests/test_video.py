@@ -50,10 +50,11 @@ def test_recorded_episode_is_a_valid_mp4_with_its_frames(tmp_path: Path) -> None
 def test_without_offscreen_gl_the_recorder_says_why_and_stops_trying(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     rec = EpisodeRecorder(ENV, str(tmp_path), every=1, seed=0)
+    policy = untrained(tmp_path)
     monkeypatch.setenv("MUJOCO_GL", "nonesuch")  # as on a machine with no usable GL library
     assert rec.due(1)
     with pytest.raises(VideoError, match="MUJOCO_GL='nonesuch'.*libosmesa6"):
-        rec.record(untrained(tmp_path), "x.mp4")
+        rec.record(policy, "x.mp4")
     assert rec.off_reason and not rec.due(2)
     assert not list((tmp_path / "videos").iterdir())
 

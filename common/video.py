@@ -142,6 +142,8 @@ class EpisodeRecorder:
             raise ConfigError(f"eval.video_every={every!r} must be >= 0")
         self.env_id, self.every, self.seed = env_id, every, seed
         self.dir = Path(run_dir) / "videos"
+        for stale in self.dir.glob("*.partial"):  # a previous incarnation was killed while filming
+            stale.unlink(missing_ok=True)
         self.backend = choose_gl() if every else ""
         self.off_reason = ""  # set after a failure: no further attempts
         self.busy = False  # a video is being filmed

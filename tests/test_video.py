@@ -60,7 +60,10 @@ def test_without_offscreen_gl_the_recorder_says_why_and_stops_trying(tmp_path: P
 
 
 def test_recorder_films_the_first_and_every_nth_evaluation(tmp_path: Path) -> None:
+    (tmp_path / "videos").mkdir()
+    (tmp_path / "videos" / "eval-0005-steps-9.mp4.partial").write_bytes(b"cut short by a kill")
     rec = EpisodeRecorder(ENV, str(tmp_path), every=3, seed=0)
+    assert not list((tmp_path / "videos").iterdir())  # the stale partial file is gone
     assert [n for n in range(1, 11) if rec.due(n)] == [1, 4, 7, 10]
     assert not any(EpisodeRecorder(ENV, str(tmp_path), every=0, seed=0).due(n) for n in range(1, 5))
 

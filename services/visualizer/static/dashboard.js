@@ -21,6 +21,7 @@ const OPTIONAL = new Set(["train_return", "sparsity", "topology"]);  // hidden u
 const COLORS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#be185d", "#4d7c0f"];
 
 const series = {};   // "<chart>:<label>" -> [[x, y(, std)], ...]
+const events = [];   // every event row so far, oldest first (also marked on the time charts)
 const charts = {};   // chart id -> {section, canvas, dirty}
 
 function chartOf(id) {
@@ -88,6 +89,13 @@ function draw(id) {
     g.textAlign = "center"; g.fillText(fmt(v), X(v), h - B + 14);
   }
   g.fillText(c.xLabel, (L + w - R) / 2, h - 3);
+  if (c.xLabel === "seconds") {  // the timeline of decisions and events, on every time axis
+    g.strokeStyle = "#f59e0b"; g.setLineDash([3, 3]);
+    for (const e of events) if (e.wall_time >= x0 && e.wall_time <= x1) {
+      g.beginPath(); g.moveTo(X(e.wall_time), T); g.lineTo(X(e.wall_time), h - B); g.stroke();
+    }
+    g.setLineDash([]);
+  }
   names.forEach((n, i) => {
     const pts = series[n], color = COLORS[i % COLORS.length];
     if (pts[0].length > 2) {  // mean ± std band
@@ -129,6 +137,7 @@ function renderHealth(rows) {
 function addEvents(rows) {
   const list = document.getElementById("events");
   for (const e of rows) {
+    events.push(e);
     const li = document.createElement("li");
     li.className = "event";
     li.dataset.kind = e.event;
@@ -154,6 +163,7 @@ function renderVideo(v) {
 function apply(update) {
   if (update.reset) {
     for (const k of Object.keys(series)) delete series[k];
+    events.length = 0;
     document.getElementById("events").replaceChildren();
     for (const c of Object.values(charts)) c.dirty = true;
   }
@@ -162,6 +172,7 @@ function apply(update) {
     chartOf(name.split(":")[0]).dirty = true;
   }
   addEvents(update.events);
+  if (update.events.length) for (const c of Object.values(charts)) if (c.xLabel === "seconds") c.dirty = true;
   renderHealth(update.health);
   renderVideo(update.video);
   for (const [id, c] of Object.entries(charts)) if (c.dirty) { draw(id); c.dirty = false; }

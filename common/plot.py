@@ -42,9 +42,10 @@ def curve(series: MetricSeries, name: str) -> np.ndarray:
 
 
 def mean_std(curves: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Runs interpolated onto the x range they all cover: (x, mean, std across runs)."""
+    """Runs interpolated onto the x range they all cover: (x, mean, std across runs); empty
+    arrays when they share no range."""
     lo, hi = max(c[0, 0] for c in curves), min(c[-1, 0] for c in curves)
-    grid = np.linspace(lo, hi, GRID) if hi > lo else np.array([lo])
+    grid = np.linspace(lo, hi, GRID) if hi > lo else np.array([])
     ys = np.stack([np.interp(grid, c[:, 0], c[:, 1]) for c in curves])
     return grid, ys.mean(axis=0), ys.std(axis=0)
 
@@ -60,12 +61,15 @@ def plot_learning(runs: dict[str, MetricSeries], out: Path) -> Path:
             (run, c), = curves.items()
             ax.plot(c[:, 0], c[:, 1], marker=".", label=run)
             ax.fill_between(c[:, 0], c[:, 1] - c[:, 2], c[:, 1] + c[:, 2], alpha=0.25, label="± std over episodes")
-        else:
+        elif curves:
             for run, c in curves.items():
                 ax.plot(c[:, 0], c[:, 1], lw=0.8, alpha=0.6, label=run)
             x, mean, std = mean_std(list(curves.values()))
-            ax.plot(x, mean, lw=2.2, color="black", label=f"mean of {len(curves)} runs")
-            ax.fill_between(x, mean - std, mean + std, color="black", alpha=0.15, label="± std across runs")
+            if len(x):
+                ax.plot(x, mean, lw=2.2, color="black", label=f"mean of {len(curves)} runs")
+                ax.fill_between(x, mean - std, mean + std, color="black", alpha=0.15, label="± std across runs")
+            else:
+                ax.text(0.5, 0.02, "the runs share no range: no mean", transform=ax.transAxes, ha="center")
         ax.set_xlabel(xlabel)
         ax.set_ylabel("evaluation return")
         ax.grid(alpha=0.3)

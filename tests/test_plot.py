@@ -38,6 +38,8 @@ def test_mean_std_on_the_common_range() -> None:
     assert x[0] == 2 and x[-1] == 10
     np.testing.assert_allclose(mean, x + 1)  # a: y = x, b: y = x + 2
     np.testing.assert_allclose(std, 1.0)
+    far = np.array([[20, 0, 0], [30, 1, 0]], float)
+    assert len(mean_std([a, far])[0]) == 0  # no common range: no mean at all
 
 
 def test_one_run_writes_both_pngs_into_its_directory(tmp_path: Path) -> None:

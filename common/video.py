@@ -5,8 +5,10 @@ machine with an NVIDIA GPU and `osmesa` (software, Debian's libosmesa6) elsewher
 must be in the environment before MuJoCo's renderer first loads, so the evaluator builds
 its `EpisodeRecorder` before any environment. When rendering fails, `record` raises
 `VideoError` saying why and how to enable videos, the recorder turns itself off, and
-training goes on. Frames are streamed to ffmpeg (the binary shipped by imageio-ffmpeg),
-H.264 in yuv420p so that browsers play it, written to a temp name and renamed.
+training goes on. `EpisodeRecorder.start` films in a low-priority daemon thread, one video
+at a time, so evaluations go on and a shutdown never waits for a video. Frames are streamed
+to ffmpeg (the binary shipped by imageio-ffmpeg), H.264 in yuv420p so that browsers play
+it, written to a temp name and renamed.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The `spreeze` command line: train, eval, bench, results."""
+"""The `spreeze` command line: train, eval, plot, bench, results."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ import yaml
 from common.config import Config, field_docs, load_config, to_dict
 from common.errors import SpreezeError
 from common.sparse import NETWORKS
+
+BENCHES = ("transport", "learning", "sampling", "update", "e2e")  # modules bench/<name>.py
 
 
 def _train_parser(sub: argparse._SubParsersAction) -> None:
@@ -79,6 +81,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plot(args: argparse.Namespace) -> int:
+    from common.plot import plot_runs
+
+    for path in plot_runs([Path(d) for d in args.run_dirs], Path(args.out) if args.out else None):
+        print(path)
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from importlib import import_module
 
@@ -99,8 +109,11 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("run_dir")
     e.add_argument("--episodes", type=int, default=10)
     e.add_argument("--checkpoint", choices=("best", "latest"), default="best")
-    b = sub.add_parser("bench", help="benchmarks: transport | learning | sampling | update | e2e (each has --help)")
-    b.add_argument("what", choices=("transport", "learning", "sampling", "update", "e2e"))
+    pl = sub.add_parser("plot", help="PNG learning curves (mean ± std over several runs) and throughput")
+    pl.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    pl.add_argument("--out", help="folder for the PNGs (default: the run directory of one run, else .)")
+    b = sub.add_parser("bench", help=f"benchmarks: {' | '.join(BENCHES)} (each has --help)")
+    b.add_argument("what", choices=BENCHES)
     b.add_argument("rest", nargs=argparse.REMAINDER, help="arguments of the benchmark")
     sub.add_parser("results", add_help=False,  # parsed by bench.results (see main)
                    help="train dense | static | ds over seeds, table in results/<env>.md (has --help)")
@@ -120,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = list(args.overrides) + extra
     elif extra and args.command != "bench":
         p.error(f"unrecognized arguments: {' '.join(extra)}")
-    handlers = {"train": cmd_train, "eval": cmd_eval, "bench": cmd_bench}
+    handlers = {"train": cmd_train, "eval": cmd_eval, "plot": cmd_plot, "bench": cmd_bench}
     return guarded(args.command, lambda: handlers[args.command](args))
 
 

@@ -85,12 +85,29 @@ class EvalConfig:
     every_updates: int = 2_500  # evaluate when the learner has done this many more updates
     every_seconds: float = 0.0  # or when this many seconds passed (0 = off)
     episodes: int = 5  # deterministic episodes per evaluation
+    video_every: int = 20  # record an MP4 of one deterministic episode every this many evaluations into run_dir/videos (0 = off)
 
     def validate(self) -> None:
         _positive(self, "episodes")
-        _non_negative(self, "every_updates", "every_seconds")
+        _non_negative(self, "every_updates", "every_seconds", "video_every")
         if self.every_updates == 0 and self.every_seconds == 0:
             raise ConfigError("eval.every_updates and eval.every_seconds are both 0: nothing triggers evaluation")
+
+
+@dataclass(frozen=True)
+class VisualizerConfig:
+    enabled: bool = True  # start the visualizer service (live dashboard, TensorBoard event files)
+    host: str = "127.0.0.1"  # address the dashboard binds (127.0.0.1: this machine only)
+    port: int = 0  # dashboard TCP port (0 = any free port; the URL is printed and written to run_dir/dashboard.url)
+    tensorboard: bool = True  # write TensorBoard event files into run_dir/tensorboard
+    push_every: float = 1.0  # seconds between live updates pushed to open dashboard pages
+
+    def validate(self) -> None:
+        if not self.host:
+            raise ConfigError("visualizer.host='' must be an address, e.g. 127.0.0.1")
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"visualizer.port={self.port!r} must be in [0, 65535] (0 = any free port)")
+        _positive(self, "push_every")
 
 
 @dataclass(frozen=True)
@@ -123,6 +140,7 @@ class Config:
     sac: SACConfig = field(default_factory=SACConfig)
     sparse: SparseConfig = field(default_factory=SparseConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    visualizer: VisualizerConfig = field(default_factory=VisualizerConfig)
     supervisor: SupervisorConfig = field(default_factory=SupervisorConfig)
 
     def validate(self) -> None:
@@ -166,7 +184,8 @@ class Config:
 
 def _section(obj: Any) -> str:
     return {SamplerConfig: "sampler.", ReplayConfig: "replay.", LearnerConfig: "learner.",
-            EvalConfig: "eval.", SupervisorConfig: "supervisor."}.get(type(obj), "")
+            EvalConfig: "eval.", VisualizerConfig: "visualizer.",
+            SupervisorConfig: "supervisor."}.get(type(obj), "")
 
 
 def _positive(obj: Any, *names: str) -> None:

@@ -70,3 +70,7 @@ class TransportTimeout(SpreezeError, TimeoutError):
 
 class PeerError(SpreezeError):
     """A peer answered with an Error message, or is dead."""
+
+
+class VideoError(SpreezeError):
+    """An evaluation video cannot be rendered or written; the message says why and how to enable it."""

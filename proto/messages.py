@@ -18,7 +18,7 @@ import numpy as np
 from common.codec import Encoder, Envelope
 from common.errors import SchemaError, UnknownTypeError
 
-SPEC_VERSION = "1.0"  # proto/SPEC.md document version; wire major version is codec.PROTOCOL_VERSION
+SPEC_VERSION = "1.1"  # proto/SPEC.md document version; wire major version is codec.PROTOCOL_VERSION
 
 ArrayMap = dict[str, np.ndarray]
 

@@ -60,8 +60,8 @@ def test_roster_fused_and_split(tmp_path: Path) -> None:
     fused = roster(config(tmp_path, "sampler.num_samplers=2", "learner.threads=3"))
     assert [(s.service_id, s.role, s.threads) for s in fused] == [
         ("replay", "replay", 1), ("learner", "learner", 3), ("evaluator", "evaluator", 1),
-        ("sampler-0", "sampler", 1), ("sampler-1", "sampler", 1)]
-    split = roster(config(tmp_path, "learner.mode=split"))
+        ("sampler-0", "sampler", 1), ("sampler-1", "sampler", 1), ("visualizer", "visualizer", 1)]
+    split = roster(config(tmp_path, "learner.mode=split", "visualizer.enabled=false"))
     assert [s.service_id for s in split] == ["replay", "critic_learner", "actor_learner", "evaluator",
                                              "sampler-0"]
     for spec in fused + split:  # every module is runnable with python -m

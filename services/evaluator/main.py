@@ -21,10 +21,12 @@ from common.config import to_dict
 from common.evaluation import run_episodes
 from common.envs import make_env
 from common.learner_io import atomic_save, checkpoint_dir
+from common.errors import VideoError
 from common.numpy_policy import NumpyActor
 from common.service import Service
+from common.video import EpisodeRecorder
 from common.weights import WeightsFollower, to_state
-from proto.messages import EvalResult, Weights
+from proto.messages import EvalResult, Event, Weights
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +39,8 @@ class Evaluator(Service):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        # first: it picks MuJoCo's GL backend, which must be set before any env loads MuJoCo
+        self.videos = EpisodeRecorder(self.cfg.env, self.cfg.run_dir, self.cfg.eval.video_every, self.cfg.seed + 20_000)
         self.env = make_env(self.cfg.env, seed=self.cfg.seed + 10_000)
         self.newest: Weights | None = None
         self.evaluated_version = -1
@@ -45,6 +49,7 @@ class Evaluator(Service):
         self.best = -np.inf
         self.evaluations = 0
         self.started_wall = time.time()
+        self.video_task: asyncio.Task[None] | None = None
 
     def counters(self) -> dict[str, Any]:
         return {"evaluations": self.evaluations, "best": float(self.best)}
@@ -85,7 +90,23 @@ class Evaluator(Service):
         self.last_eval_time = time.monotonic()
         self.evaluations += 1
         self.save(state, result)
+        if self.running and self.videos.due(self.evaluations):  # not on the way out: it takes a while
+            self.video_task = asyncio.create_task(self.record_video(actor, result))
         return result
+
+    async def record_video(self, actor: NumpyActor, result: EvalResult) -> None:
+        """One deterministic episode as MP4; an Event either way (a failure is printed and shown)."""
+        name = f"eval-{self.evaluations:04d}-steps-{result.env_steps}.mp4"
+        try:
+            await self.videos.start(actor, name)  # in the background: evaluations go on
+        except VideoError as exc:
+            if not self.running:
+                return  # abandoned on shutdown
+            log.warning("no evaluation videos: %s", exc)
+            await self.metrics_out.send(Event("video_unavailable", f"no evaluation videos: {exc}", {"notify": True}))
+            return
+        await self.metrics_out.send(Event("video", f"recorded videos/{name}",
+                                          {"path": f"videos/{name}", "env_steps": result.env_steps}))
 
     def save(self, state: dict[str, np.ndarray], result: EvalResult) -> None:
         ckpt = checkpoint_dir(self.cfg.run_dir)
@@ -111,6 +132,7 @@ class Evaluator(Service):
         return out
 
     async def close(self) -> None:
+        self.videos.stop()
         if self.newest is not None and self.newest.version != self.evaluated_version:
             await self.evaluate()
         self.env.close()

@@ -36,6 +36,7 @@ ENDPOINT_NAMES = ("control", "metrics_in", "metrics_out", "experience", "sample"
                   "actor_weights", "actor_sync", "critic_sync")
 WATCH_EVERY = 0.2  # seconds between liveness checks
 STOP_GRACE = 20.0  # seconds a service has to exit after a shutdown command
+LAST_TO_STOP = ("evaluator", "replay", "visualizer")  # the final evaluation reaches disk and dashboard
 PROXY_HWM = 10_000  # metrics messages queued in the proxy before it drops (PUB semantics)
 
 
@@ -55,6 +56,8 @@ def roster(cfg: Config) -> list[ServiceSpec]:
     specs.append(ServiceSpec("evaluator", "evaluator", "services.evaluator"))
     specs += [ServiceSpec(f"sampler-{i}", "sampler", "services.sampler")
               for i in range(cfg.sampler.num_samplers)]
+    if cfg.visualizer.enabled:
+        specs.append(ServiceSpec("visualizer", "visualizer", "services.visualizer"))
     return specs
 
 
@@ -145,9 +148,13 @@ class Supervisor:
         self.write_roster()
 
     def write_roster(self) -> None:
-        """run_dir/services.json: pid, state and restarts of every service (for tools and tests)."""
+        """run_dir/services.json: pid, state, restarts and last heartbeat (unix time) of every
+        service (for the dashboard, tools and tests); rewritten once per heartbeat interval."""
+        now, unix = time.monotonic(), time.time()
         rows = {sid: {"role": c.spec.role, "pid": c.proc.pid if c.proc else None, "state": c.state,
-                      "restarts": c.total_restarts} for sid, c in self.children.items()}
+                      "restarts": c.total_restarts,
+                      "last_heartbeat": unix - (now - c.last_heartbeat) if c.last_heartbeat else None}
+                for sid, c in self.children.items()}
         tmp = self.run_dir / ".services.json.tmp"
         tmp.write_text(json.dumps(rows, indent=1))
         os.replace(tmp, self.run_dir / "services.json")
@@ -203,6 +210,8 @@ class Supervisor:
         while True:
             for _, msg in await self.metrics.recv_many(256):
                 self.progress.take(msg)
+                if isinstance(msg, Event) and msg.data.get("notify") is True:  # e.g. the dashboard URL
+                    self.say(f"{msg.kind}: {msg.reason}")
             if self.progress.env_steps >= self.cfg.total_steps:
                 self.stop(f"budget of {self.cfg.total_steps:,} env steps reached")
 
@@ -236,6 +245,7 @@ class Supervisor:
         """Supervisor heartbeat: lets services notice a dead supervisor and exit."""
         if not hasattr(self, "_last_ping") or time.monotonic() - self._last_ping >= self.cfg.supervisor.heartbeat_interval:
             self._last_ping = time.monotonic()
+            self.write_roster()
             for child in self.children.values():
                 if child.registered and child.alive:
                     await self.command(child, "ping")
@@ -252,9 +262,9 @@ class Supervisor:
 
     # ------------------------------------------------------------------ shutdown
     async def shutdown(self) -> None:
-        """Producers first (samplers, learners), then evaluator and replay."""
-        first = [c for c in self.children.values() if c.spec.role not in ("evaluator", "replay")]
-        last = [c for c in self.children.values() if c.spec.role in ("evaluator", "replay")]
+        """Producers first (samplers, learners), then evaluator, replay and visualizer."""
+        first = [c for c in self.children.values() if c.spec.role not in LAST_TO_STOP]
+        last = [c for c in self.children.values() if c.spec.role in LAST_TO_STOP]
         for group in (first, last):
             for child in group:
                 child.restart_at = 0.0

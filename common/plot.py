@@ -1,0 +1,126 @@
+"""`spreeze plot RUN_DIR [RUN_DIR ...]`: PNG learning curves and throughput from metrics.jsonl.
+
+learning_curves.png: evaluation return against env steps and against wall-clock seconds;
+one run shows its evaluation spread (± std over episodes), several runs show each run
+thinly and their mean ± std across runs on the env-step (or time) range they all cover.
+throughput.png: sampling rate (env steps/s) and update frame rate (transitions/s) over time.
+The numbers come from common/metric_series.py, as on the live dashboard.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from common.errors import ConfigError
+from common.metric_series import MetricSeries
+
+GRID = 200  # points of the common axis the runs are interpolated onto for mean ± std
+
+
+def load(run_dir: Path) -> MetricSeries:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        raise ConfigError(f"{str(run_dir)!r} is not a run directory: it has no metrics.jsonl")
+    series = MetricSeries()
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut by a crash
+        if isinstance(row, dict):
+            series.take(row)
+    return series
+
+
+def curve(series: MetricSeries, name: str) -> np.ndarray:
+    """Points of one series as an [n, 2 or 3] array sorted by x ([0, 2] when empty)."""
+    pts = np.array(series.points.get(name, []), dtype=float).reshape(-1, 3 if name.startswith("eval") else 2)
+    return pts[np.argsort(pts[:, 0], kind="stable")]
+
+
+def mean_std(curves: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Runs interpolated onto the x range they all cover: (x, mean, std across runs); empty
+    arrays when they share no range."""
+    lo, hi = max(c[0, 0] for c in curves), min(c[-1, 0] for c in curves)
+    grid = np.linspace(lo, hi, GRID) if hi > lo else np.array([])
+    ys = np.stack([np.interp(grid, c[:, 0], c[:, 1]) for c in curves])
+    return grid, ys.mean(axis=0), ys.std(axis=0)
+
+
+def plot_learning(runs: dict[str, MetricSeries], out: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for ax, name, xlabel in ((axes[0], "eval_steps:return", "env steps"), (axes[1], "eval_time:return", "seconds")):
+        curves = {run: curve(s, name) for run, s in runs.items()}
+        curves = {run: c for run, c in curves.items() if len(c)}
+        if len(curves) == 1:
+            (run, c), = curves.items()
+            ax.plot(c[:, 0], c[:, 1], marker=".", label=run)
+            ax.fill_between(c[:, 0], c[:, 1] - c[:, 2], c[:, 1] + c[:, 2], alpha=0.25, label="± std over episodes")
+        elif curves:
+            for run, c in curves.items():
+                ax.plot(c[:, 0], c[:, 1], lw=0.8, alpha=0.6, label=run)
+            x, mean, std = mean_std(list(curves.values()))
+            if len(x):
+                ax.plot(x, mean, lw=2.2, color="black", label=f"mean of {len(curves)} runs")
+                ax.fill_between(x, mean - std, mean + std, color="black", alpha=0.15, label="± std across runs")
+            else:
+                ax.text(0.5, 0.02, "the runs share no range: no mean", transform=ax.transAxes, ha="center")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("evaluation return")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[0].set_title("Return vs env steps")
+    axes[1].set_title("Return vs wall-clock")
+    return _save(fig, out / "learning_curves.png")
+
+
+def plot_throughput(runs: dict[str, MetricSeries], out: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for run, s in runs.items():
+        c = curve(s, "sampling:env steps/s")
+        if len(c):
+            axes[0].plot(c[:, 0], c[:, 1], label=run)
+        for name in sorted(n for n in s.points if n.startswith("updates:")):
+            c = curve(s, name)
+            axes[1].plot(c[:, 0], c[:, 1], label=f"{run} {name.split(':', 1)[1]}")
+    for ax, title in ((axes[0], "Sampling (env steps/s)"), (axes[1], "Update frame rate (transitions/s)")):
+        ax.set_title(title)
+        ax.set_xlabel("seconds")
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=8)
+    return _save(fig, out / "throughput.png")
+
+
+def _save(fig: object, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()  # type: ignore[attr-defined]
+    fig.savefig(path, dpi=110)  # type: ignore[attr-defined]
+    plt.close(fig)  # type: ignore[arg-type]
+    return path
+
+
+def plot_runs(run_dirs: list[Path], out: Path | None = None) -> list[Path]:
+    """Write both PNGs (into `out`; default: the run directory of a single run, else the current
+    directory) and return their paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display needed
+    runs = {}
+    for d in run_dirs:
+        name = d.resolve().name
+        runs[name if name not in runs else str(d)] = load(d)
+    if not any(s.points.get("eval_steps:return") for s in runs.values()):
+        raise ConfigError(f"no evaluation in {', '.join(map(str, run_dirs))}: nothing to plot yet")
+    out = out or (run_dirs[0] if len(run_dirs) == 1 else Path("."))
+    out.mkdir(parents=True, exist_ok=True)
+    return [plot_learning(runs, out), plot_throughput(runs, out)]
+

@@ -1,0 +1,200 @@
+"""MP4 videos of deterministic evaluation episodes, rendered offscreen by MuJoCo.
+
+The GL backend is MuJoCo's `MUJOCO_GL`: the user's choice when set, else `egl` on a
+machine with an NVIDIA GPU and `osmesa` (software, Debian's libosmesa6) elsewhere. It
+must be in the environment before MuJoCo's renderer first loads, so the evaluator builds
+its `EpisodeRecorder` before any environment. When rendering fails, `record` raises
+`VideoError` saying why and how to enable videos, the recorder turns itself off, and
+training goes on. `EpisodeRecorder.start` films in a low-priority daemon thread, one video
+at a time, so evaluations go on and a shutdown never waits for a video. Frames are streamed
+to ffmpeg (the binary shipped by imageio-ffmpeg), H.264 in yuv420p so that browsers play
+it, written to a temp name and renamed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import os
+import threading
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+
+from common.envs import make_env
+from common.errors import ConfigError, VideoError
+from common.numpy_policy import NumpyActor
+
+log = logging.getLogger(__name__)
+
+VIDEO_SIZE = (256, 192)  # width, height: multiples of 16 (H.264 blocks); software GL renders this in ~30 ms
+FRAME_EVERY = 2  # film every 2nd env step: half the rendering cost, still smooth (HalfCheetah: 10 fps)
+MAX_FRAMES = 5_000  # an episode without a time limit stops being filmed here
+RENDER_NICE = 10  # the filming thread yields the CPU to training: videos are the least urgent work
+GL_HINT = ("to record videos install Debian's libosmesa6 and set MUJOCO_GL=osmesa (CPU), or set "
+           "MUJOCO_GL=egl on a machine with a GPU; eval.video_every=0 turns videos off")
+
+
+def choose_gl() -> str:
+    """Set and return MuJoCo's offscreen GL backend (see the module doc)."""
+    backend = os.environ.get("MUJOCO_GL") or ("egl" if Path("/dev/nvidiactl").exists() else "osmesa")
+    os.environ["MUJOCO_GL"] = backend
+    if backend == "osmesa":
+        os.environ.setdefault("LP_NUM_THREADS", "1")  # Mesa's llvmpipe: one thread, never oversubscribe
+    return backend
+
+
+def _render_env(env_id: str, seed: int) -> gym.Env:
+    try:
+        try:
+            return make_env(env_id, seed=seed, render_mode="rgb_array", width=VIDEO_SIZE[0], height=VIDEO_SIZE[1])
+        except TypeError:  # classic-control envs take no frame size
+            return make_env(env_id, seed=seed, render_mode="rgb_array")
+    except ConfigError:
+        raise
+    except Exception as exc:  # MuJoCo checks MUJOCO_GL when it first loads
+        reason = f"cannot be made for rendering with {_gl_failure(exc)}"
+    raise VideoError(f"{env_id} {reason}")  # outside `except`: no reference to the failed objects
+
+
+def _frame(env: gym.Env, env_id: str) -> np.ndarray:
+    try:
+        frame = env.render()
+    except gym.error.DependencyNotInstalled as exc:
+        reason = f"cannot render: {exc}"
+    except Exception as exc:  # GL libraries raise anything from ImportError to mujoco.FatalError
+        reason = f"cannot render offscreen with {_gl_failure(exc)}"
+    else:
+        if isinstance(frame, np.ndarray) and frame.ndim == 3:
+            return np.ascontiguousarray(frame[:, :, :3])
+        reason = f"rendered {type(frame).__name__}, not an RGB image; {GL_HINT}"
+    # raised outside `except`, so the error holds no traceback into the half-built renderer:
+    # its finalizer must run when record_episode drops it, not at some later allocation
+    raise VideoError(f"{env_id} {reason}")
+
+
+def _gl_failure(exc: Exception) -> str:
+    return f"MUJOCO_GL={os.environ.get('MUJOCO_GL')!r}: {type(exc).__name__}: {exc}; {GL_HINT}"
+
+
+def record_episode(env_id: str, actor: NumpyActor, path: Path, seed: int,
+                   stop: threading.Event | None = None) -> int:
+    """Film one deterministic episode into the MP4 `path` (every FRAME_EVERY-th step and the
+    last); returns the number of frames. `stop` set: give up at the next frame, no file."""
+    import imageio_ffmpeg
+
+    choose_gl()
+    env = _render_env(env_id, seed)
+    tmp = path.with_name(path.name + ".partial")
+    frames, writer = 0, None
+    try:
+        obs, _ = env.reset(seed=seed)
+        frame = _frame(env, env_id)
+        fps = float(env.metadata.get("render_fps") or 30) / FRAME_EVERY
+        writer = imageio_ffmpeg.write_frames(str(tmp), (frame.shape[1], frame.shape[0]), fps=fps,
+                                             codec="libx264", pix_fmt_out="yuv420p", macro_block_size=16,
+                                             output_params=["-f", "mp4", "-movflags", "+faststart"])
+        writer.send(None)  # start ffmpeg
+        rng = np.random.default_rng(0)  # unused by deterministic acting, required by the API
+        done, steps = False, 0
+        while True:
+            if stop is not None and stop.is_set():
+                raise VideoError(f"filming {path.name} was stopped")
+            writer.send(frame)
+            frames += 1
+            if done or frames >= MAX_FRAMES:
+                break
+            for _ in range(FRAME_EVERY):
+                action = actor.act(np.asarray(obs, np.float32)[None], rng, explore=False)[0]
+                obs, _, terminated, truncated, _ = env.step(action)
+                steps += 1
+                done = terminated or truncated
+                if done:
+                    break
+            frame = _frame(env, env_id)
+        writer.close()
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise VideoError(f"cannot write the video {str(path)!r}: {exc}") from None
+    finally:
+        if writer is not None:
+            writer.close()  # stops ffmpeg, also when the episode failed half way
+        with contextlib.suppress(Exception):  # a renderer that never got a GL context fails to close
+            env.close()
+        if not frames:
+            # ... and its __del__ raises again: collect it here, not inside some later allocation
+            # (a finalizer raising during compile() trips CPython 3.11's AST depth check)
+            del env
+            gc.collect()
+        tmp.unlink(missing_ok=True)
+    return frames
+
+
+class EpisodeRecorder:
+    """Films the 1st evaluation and every `every`-th after it into run_dir/videos (every=0: never).
+
+    `start` films in a daemon thread of low priority, one video at a time, so evaluations
+    go on meanwhile and a shutdown never waits for a video (`stop()` abandons it)."""
+
+    def __init__(self, env_id: str, run_dir: str, every: int, seed: int) -> None:
+        if every < 0:
+            raise ConfigError(f"eval.video_every={every!r} must be >= 0")
+        self.env_id, self.every, self.seed = env_id, every, seed
+        self.dir = Path(run_dir) / "videos"
+        for stale in self.dir.glob("*.partial"):  # a previous incarnation was killed while filming
+            stale.unlink(missing_ok=True)
+        self.backend = choose_gl() if every else ""
+        self.off_reason = ""  # set after a failure: no further attempts
+        self.busy = False  # a video is being filmed
+        self.stopping = threading.Event()
+
+    def due(self, evaluations: int) -> bool:
+        return (self.every > 0 and not self.off_reason and not self.busy
+                and (evaluations - 1) % self.every == 0)
+
+    def start(self, actor: NumpyActor, name: str) -> asyncio.Future[Path]:
+        """Film in the background; the future gets the MP4's path or the VideoError."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Path] = loop.create_future()
+
+        def settle(result: Path | None, exc: BaseException | None) -> None:
+            self.busy = False
+            if not done.done():
+                done.set_exception(exc) if exc is not None else done.set_result(result)  # type: ignore[arg-type]
+
+        def work() -> None:
+            with contextlib.suppress(OSError):  # this thread only (Linux): training comes first
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), RENDER_NICE)
+            result, error = None, None
+            try:
+                result = self.record(actor, name)
+            except VideoError as exc:
+                error = exc
+            except Exception as exc:  # a bug here must not end the evaluator: report it as the reason
+                log.exception("filming %s failed", name)
+                self.off_reason = f"filming failed: {type(exc).__name__}: {exc}"
+                error = VideoError(self.off_reason)
+            with contextlib.suppress(RuntimeError):  # the loop is closed: the process is exiting
+                loop.call_soon_threadsafe(settle, result, error)
+
+        self.busy = True
+        threading.Thread(target=work, name="video", daemon=True).start()
+        return done
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def record(self, actor: NumpyActor, name: str) -> Path:
+        """The MP4's path; raises VideoError (and turns the recorder off) when it cannot be made."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        path = self.dir / name
+        try:
+            record_episode(self.env_id, actor, path, self.seed, self.stopping)
+        except VideoError as exc:
+            if not self.stopping.is_set():
+                self.off_reason = str(exc)
+            raise
+        return path

@@ -1,0 +1,1 @@
+"""Visualizer: live dashboard in the browser and TensorBoard event files from the metrics bus."""

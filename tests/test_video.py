@@ -1,0 +1,125 @@
+"""common/video.py and the evaluator's video hook: real MuJoCo offscreen rendering, real MP4 files."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import imageio_ffmpeg
+import numpy as np
+import pytest
+
+from common.errors import VideoError
+from common.numpy_policy import NumpyActor
+from common.video import VIDEO_SIZE, EpisodeRecorder, record_episode
+from proto.messages import Event
+from services.evaluator.main import Evaluator
+from tests.helpers import Harness, config, parts, recv_until, run
+from tests.test_evaluator import actor, subscribed
+
+pytestmark = pytest.mark.timeout(120)
+
+ENV = "InvertedPendulum-v5"  # MuJoCo, cheap, and an untrained policy drops the pole within a few dozen steps
+
+
+def untrained(tmp_path: Path) -> NumpyActor:
+    cfg = config(tmp_path, f"env={ENV}")
+    a, _ = parts(cfg)
+    return NumpyActor(a.actor_state(), cfg.algo, np.array([-3.0], np.float32), np.array([3.0], np.float32))
+
+
+def read_back(path: Path) -> tuple[dict, list[np.ndarray]]:
+    reader = imageio_ffmpeg.read_frames(str(path))
+    meta = next(reader)
+    w, h = meta["size"]
+    return meta, [np.frombuffer(f, np.uint8).reshape(h, w, 3) for f in reader]
+
+
+def test_recorded_episode_is_a_valid_mp4_with_its_frames(tmp_path: Path) -> None:
+    path = tmp_path / "episode.mp4"
+    frames = record_episode(ENV, untrained(tmp_path), path, seed=3)
+    assert frames >= 2
+    assert path.read_bytes()[4:8] == b"ftyp"  # an ISO media file
+    meta, images = read_back(path)
+    assert meta["codec"].startswith("h264") and tuple(meta["size"]) == VIDEO_SIZE
+    assert len(images) == frames
+    assert images[0].std() > 5  # a rendered scene, not a blank frame
+    assert not list(tmp_path.glob("*.partial"))
+
+
+def test_without_offscreen_gl_the_recorder_says_why_and_stops_trying(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    rec = EpisodeRecorder(ENV, str(tmp_path), every=1, seed=0)
+    policy = untrained(tmp_path)
+    monkeypatch.setenv("MUJOCO_GL", "nonesuch")  # as on a machine with no usable GL library
+    assert rec.due(1)
+    with pytest.raises(VideoError, match="MUJOCO_GL='nonesuch'.*libosmesa6"):
+        rec.record(policy, "x.mp4")
+    assert rec.off_reason and not rec.due(2)
+    assert not list((tmp_path / "videos").iterdir())
+
+
+def test_recorder_films_the_first_and_every_nth_evaluation(tmp_path: Path) -> None:
+    (tmp_path / "videos").mkdir()
+    (tmp_path / "videos" / "eval-0005-steps-9.mp4.partial").write_bytes(b"cut short by a kill")
+    rec = EpisodeRecorder(ENV, str(tmp_path), every=3, seed=0)
+    assert not list((tmp_path / "videos").iterdir())  # the stale partial file is gone
+    assert [n for n in range(1, 11) if rec.due(n)] == [1, 4, 7, 10]
+    assert not any(EpisodeRecorder(ENV, str(tmp_path), every=0, seed=0).due(n) for n in range(1, 5))
+
+
+def test_a_stopped_recording_leaves_no_file_and_no_complaint(tmp_path: Path) -> None:
+    async def body() -> None:
+        rec = EpisodeRecorder("HalfCheetah-v5", str(tmp_path), every=1, seed=0)  # 1000 steps: long enough
+        cfg = config(tmp_path, "env=HalfCheetah-v5")
+        a, _ = parts(cfg)
+        film = rec.start(NumpyActor(a.actor_state(), cfg.algo, -np.ones(6, np.float32), np.ones(6, np.float32)), "x.mp4")
+        assert rec.busy and not rec.due(1)  # one video at a time
+        await asyncio.sleep(0.5)
+        rec.stop()
+        with pytest.raises(VideoError, match="stopped"):
+            await film
+        assert not rec.busy and rec.off_reason == ""
+        assert not list((tmp_path / "videos").iterdir())
+
+    run(body(), timeout=60)
+
+
+def test_evaluator_records_every_nth_evaluation_and_tells_the_bus(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with Harness(config(tmp_path, f"env={ENV}", "eval.video_every=2")) as h:
+            metrics = h.metrics()
+            ev = h.build(Evaluator)
+            await subscribed(ev, metrics)
+            for version in (1, 2, 3):
+                ev.newest = actor(h, version, 10 * version, env_steps=100.0 * version)
+                await ev.evaluate()
+                if ev.video_task is not None:
+                    await ev.video_task  # filming runs in the background
+            names = sorted(p.name for p in (tmp_path / "videos").iterdir())
+            assert names == ["eval-0001-steps-100.mp4", "eval-0003-steps-300.mp4"]
+            got = await recv_until(metrics, lambda m: isinstance(m, Event) and m.kind == "video", 10)
+            assert got.data == {"path": "videos/eval-0001-steps-100.mp4", "env_steps": 100}
+            _, images = read_back(tmp_path / "videos" / names[1])
+            assert images
+
+    run(body(), timeout=100)
+
+
+def test_evaluator_without_gl_goes_on_and_announces_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    async def body() -> None:
+        async with Harness(config(tmp_path, f"env={ENV}", "eval.video_every=1")) as h:
+            metrics = h.metrics()
+            ev = h.build(Evaluator)
+            monkeypatch.setenv("MUJOCO_GL", "nonesuch")
+            await subscribed(ev, metrics)
+            ev.newest = actor(h, 1, 10)
+            assert await ev.evaluate() is not None
+            assert ev.video_task is not None
+            await ev.video_task
+            got = await recv_until(metrics, lambda m: isinstance(m, Event) and m.kind == "video_unavailable", 10)
+            assert got.data == {"notify": True} and "libosmesa6" in got.reason
+            ev.newest = actor(h, 2, 20)
+            assert await ev.evaluate() is not None and ev.evaluations == 2  # evaluation goes on, no retry
+
+    run(body(), timeout=60)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from common.config import Config, field_docs, load_config, to_dict
+from common.config import Config, field_docs, given_keys, load_config, to_dict
 from common.errors import SpreezeError
 from common.sparse import NETWORKS
 
@@ -39,11 +39,15 @@ def _train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
 
 
-def train_config(args: argparse.Namespace) -> Config:
+def train_overrides(args: argparse.Namespace) -> list[str]:
+    """key=value overrides of `spreeze train`, the named flags included."""
     flags = {"env": args.env, "algo": args.algo, "seed": args.seed, "total_steps": args.total_steps,
              "time_limit": args.time_limit, "run_dir": args.run_dir, "sparse.network": args.network}
-    overrides = list(args.overrides) + [f"{k}={v}" for k, v in flags.items() if v is not None]
-    cfg = load_config(args.config, overrides)
+    return list(args.overrides) + [f"{k}={v}" for k, v in flags.items() if v is not None]
+
+
+def train_config(args: argparse.Namespace) -> Config:
+    cfg = load_config(args.config, train_overrides(args))
     if not cfg.run_dir:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         cfg = dataclasses.replace(cfg, run_dir=f"runs/{cfg.env}-{cfg.algo}-s{cfg.seed}-{stamp}")
@@ -52,12 +56,17 @@ def train_config(args: argparse.Namespace) -> Config:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from services.supervisor import probe
     from services.supervisor.main import Supervisor
 
     from common.envs import env_spec
 
     cfg = train_config(args)
-    env_spec(cfg.env)  # refuse unknown or discrete-action envs before anything starts
+    layout, _, _ = env_spec(cfg.env)  # refuse unknown or discrete-action envs before anything starts
+    pinned = given_keys(args.config, train_overrides(args))
+    hardware = probe.probe()
+    choices = probe.plan(hardware, cfg, pinned, layout.width * 4) if cfg.supervisor.auto else []
+    cfg = probe.apply(cfg, choices)
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
@@ -65,7 +74,10 @@ def cmd_train(args: argparse.Namespace) -> int:
                         format="%(asctime)s supervisor %(levelname)s %(name)s: %(message)s")
     print(f"spreeze: training {cfg.algo} on {cfg.env} for {cfg.total_steps:,} env steps; run dir {run_dir}",
           flush=True)
-    return asyncio.run(Supervisor(cfg, quiet=args.quiet).run())
+    print(f"spreeze: hardware: {hardware.describe()}", flush=True)
+    logging.getLogger(__name__).info("hardware: %s; pinned by the user: %s", hardware.describe(),
+                                     ", ".join(sorted(pinned)) or "nothing")
+    return asyncio.run(Supervisor(cfg, quiet=args.quiet, pinned=pinned, plan=choices).run())
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -99,8 +111,8 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("run_dir")
     e.add_argument("--episodes", type=int, default=10)
     e.add_argument("--checkpoint", choices=("best", "latest"), default="best")
-    b = sub.add_parser("bench", help="benchmarks: transport | learning | sampling | update (each has --help)")
-    b.add_argument("what", choices=("transport", "learning", "sampling", "update"))
+    b = sub.add_parser("bench", help="benchmarks: transport | learning | sampling | update | tuner (each has --help)")
+    b.add_argument("what", choices=("transport", "learning", "sampling", "update", "tuner"))
     b.add_argument("rest", nargs=argparse.REMAINDER, help="arguments of the benchmark")
     sub.add_parser("results", add_help=False,  # parsed by bench.results (see main)
                    help="train dense | static | ds over seeds, table in results/<env>.md (has --help)")

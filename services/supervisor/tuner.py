@@ -1,0 +1,185 @@
+"""The runtime tuner: a pure controller from measurement windows to setting changes.
+
+Goal: the highest update frame rate (batch size x critic updates/s) while replay's rate
+limiter holds the target update-to-data ratio. Knobs: sampler processes, envs per
+sampler, batch size. It is a damped hill climb, one knob step at a time:
+
+  * measure the current setting over a window (the caller waits `settle` seconds after
+    a change, then `window` seconds, and passes the `Snapshot`);
+  * try one move, chosen by what limits the run now: replay refusing inserts means the
+    learners are the bottleneck (a larger batch makes each update do more), learners
+    waiting on replay means sampling is (more envs per sampler, then another sampler if
+    the host has idle cores);
+  * keep the move only if the next window's frame rate beats the baseline by
+    `min_gain` and the update-to-data ratio held; otherwise go back, and re-measure;
+  * a rejected move, and the undoing of a kept one, are blocked for `cooldown` seconds:
+    no knob can swing back and forth (hysteresis), and with nothing left to try the
+    tuner is settled until a block expires or the frame rate drifts down by DRIFT.
+
+Pinned knobs are never moved. Every decision carries its reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+KNOB_KEYS = {"samplers": "sampler.num_samplers", "envs": "sampler.envs_per_sampler",
+             "batch": "learner.batch_size"}  # tuner knob -> config key (the key pins it)
+UTD_DRIFT = 0.2  # a trial whose update-to-data ratio strays more than this from the target is rejected
+DRIFT = 0.25  # a settled tuner starts over when the frame rate fell this much below its baseline...
+DRIFT_WINDOWS = 2  # ...in this many windows in a row
+STALL = 0.1  # a stall share above this names the bottleneck
+IDLE_FOR_SAMPLER = 0.5  # host cores that must be idle before another sampler process is tried
+
+
+@dataclass(frozen=True)
+class Setting:
+    samplers: int
+    envs: int
+    batch: int
+
+    def describe(self) -> str:
+        return f"{self.samplers} sampler(s) x {self.envs} envs, batch {self.batch}"
+
+
+@dataclass(frozen=True)
+class Bounds:
+    max_samplers: int
+    max_envs: int
+    min_batch: int
+    max_batch: int
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What one measurement window saw."""
+
+    frame_rate: float  # batch x critic updates per second
+    sampling_hz: float  # env steps inserted into replay per second
+    update_to_data: float  # critic updates per env step inserted
+    insert_stall: float  # share of the window replay refused inserts (the learners limit)
+    sample_stall: float  # share of the window learner requests waited in replay (sampling limits)
+    idle_cores: float = 0.0  # host cores idle on average
+    cpu: dict[str, float] = field(default_factory=dict)  # cores used per service
+
+    def bottleneck(self) -> str:
+        if self.insert_stall > STALL and self.insert_stall >= self.sample_stall:
+            return "learners"
+        if self.sample_stall > STALL:
+            return "sampling"
+        return "unclear"
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: str  # try | keep | revert | settled | restart
+    setting: Setting  # the setting to run from now on
+    reason: str
+    move: str = ""
+
+    def data(self) -> dict[str, object]:
+        return {"action": self.action, "move": self.move, **dataclasses.asdict(self.setting)}
+
+
+INVERSE = {"batch+": "batch-", "batch-": "batch+", "envs+": "envs-", "envs-": "envs+",
+           "samplers+": "samplers-", "samplers-": "samplers+"}
+
+
+class Tuner:
+    def __init__(self, setting: Setting, bounds: Bounds, pinned: frozenset[str], target_utd: float,
+                 min_gain: float = 0.05, cooldown: float = 300.0) -> None:
+        self.setting, self.bounds, self.pinned = setting, bounds, pinned  # pinned: knob names
+        self.target_utd, self.min_gain, self.cooldown = target_utd, min_gain, cooldown
+        self.baseline: float | None = None  # frame rate of the current setting
+        self.trial: tuple[str, Setting, float] | None = None  # (move, setting before, baseline before)
+        self.blocked: dict[str, float] = {}  # move -> time until which it is not tried
+        self.settled = False
+        self.low_windows = 0  # consecutive settled windows below the drift line
+
+    def observe(self, snap: Snapshot, now: float) -> list[Decision]:
+        """Take one window's measurement of the current setting; the decisions it leads to."""
+        if snap.frame_rate <= 0:
+            return []  # learners not updating yet (filling replay): nothing to compare
+        out: list[Decision] = []
+        if self.trial is not None:
+            verdict = self.judge(snap, now)
+            out.append(verdict)
+            if verdict.action == "revert":
+                return out  # the next window re-measures the restored setting
+        elif self.baseline is None:
+            self.baseline = snap.frame_rate
+        elif snap.frame_rate < self.baseline * (1 - DRIFT) and self.low_windows + 1 >= DRIFT_WINDOWS:
+            self.blocked.clear()
+            out.append(Decision("restart", self.setting, f"frame rate fell to {snap.frame_rate:,.0f} from "
+                                f"{self.baseline:,.0f} frames/s: every move may be tried again"))
+            self.baseline, self.settled, self.low_windows = snap.frame_rate, False, 0
+        elif snap.frame_rate < self.baseline * (1 - DRIFT):
+            self.low_windows += 1  # one low window may be noise: wait for the next
+            return out
+        else:
+            self.low_windows = 0
+            self.baseline = (self.baseline + snap.frame_rate) / 2  # settled: a smoothed reference for drift
+        out += self.propose(snap, now)
+        return out
+
+    def judge(self, snap: Snapshot, now: float) -> Decision:
+        assert self.trial is not None
+        move, before, base = self.trial
+        self.trial = None
+        gain = snap.frame_rate / base - 1
+        utd_ok = not self.target_utd or abs(snap.update_to_data / self.target_utd - 1) <= UTD_DRIFT
+        numbers = f"{base:,.0f} -> {snap.frame_rate:,.0f} frames/s ({gain:+.1%})"
+        if gain >= self.min_gain and utd_ok:
+            self.baseline = snap.frame_rate
+            self.blocked[INVERSE[move]] = now + self.cooldown
+            return Decision("keep", self.setting, f"{move} kept: {numbers}", move)
+        self.setting, self.baseline = before, None
+        self.blocked[move] = now + self.cooldown
+        why = (f"update-to-data {snap.update_to_data:.2f} strayed from the target {self.target_utd:g}"
+               if not utd_ok else f"less than the +{self.min_gain:.0%} needed")
+        return Decision("revert", before, f"{move} undone: {numbers}, {why}", move)
+
+    def propose(self, snap: Snapshot, now: float) -> list[Decision]:
+        for move in self.candidates(snap):
+            if self.blocked.get(move, 0.0) > now:
+                continue
+            new = self.moved(move)
+            if new is None:
+                continue
+            assert self.baseline is not None
+            self.trial = (move, self.setting, self.baseline)
+            self.setting, self.settled = new, False
+            return [Decision("try", new, f"{move}: {snap.bottleneck()} limit (insert stall "
+                             f"{snap.insert_stall:.0%}, sample stall {snap.sample_stall:.0%}, "
+                             f"{snap.idle_cores:.1f} idle cores) at {self.baseline:,.0f} frames/s", move)]
+        if self.settled:
+            return []
+        self.settled = True
+        return [Decision("settled", self.setting, f"no move left to try: {self.setting.describe()} at "
+                         f"{self.baseline:,.0f} frames/s")]
+
+    def candidates(self, snap: Snapshot) -> list[str]:
+        """Moves worth trying now, most promising first (what limits the run decides)."""
+        idle = snap.idle_cores >= IDLE_FOR_SAMPLER
+        if snap.bottleneck() == "learners":
+            order = ["batch+"] + (["samplers-"] if not idle and self.setting.samplers > 1 else [])
+        elif snap.bottleneck() == "sampling":
+            order = ["envs+", "batch+"] + (["samplers+"] if idle else ["batch-"])
+        else:
+            order = ["batch+", "envs+"] + (["samplers+"] if idle else [])
+        return [m for m in order if KNOB_OF[m] not in self.pinned]
+
+    def moved(self, move: str) -> Setting | None:
+        """The setting after `move`, or None where a bound stops it."""
+        s, b = self.setting, self.bounds
+        new = {"batch+": dataclasses.replace(s, batch=min(s.batch * 2, b.max_batch)),
+               "batch-": dataclasses.replace(s, batch=max(s.batch // 2, b.min_batch)),
+               "envs+": dataclasses.replace(s, envs=min(s.envs * 2, b.max_envs)),
+               "envs-": dataclasses.replace(s, envs=max(s.envs // 2, 1)),
+               "samplers+": dataclasses.replace(s, samplers=min(s.samplers + 1, b.max_samplers)),
+               "samplers-": dataclasses.replace(s, samplers=max(s.samplers - 1, 1))}[move]
+        return None if new == s else new
+
+
+KNOB_OF = {move: move[:-1] for move in INVERSE}  # "batch+" -> "batch"

@@ -115,7 +115,7 @@ class Sampler(Service):
 
     def report(self, dt: float, steps: int) -> None:
         values: dict[str, Any] = {"env_steps": self.envs.steps, "sampling_hz": steps / dt,
-                                  "actor_version": self.actor_version}
+                                  "actor_version": self.actor_version, "envs": len(self.envs)}
         if self.returns:
             values["episode_return"] = float(np.mean(self.returns))
             values["episode_length"] = float(np.mean(self.lengths))

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from pathlib import Path
@@ -108,6 +109,16 @@ def test_drift_restarts_the_search_only_when_it_persists() -> None:
                     insert_stall=0.9, sample_stall=0.0)
     assert tuner.observe(slow, WINDOW) == []  # one slow window may be noise
     assert [d.action for d in tuner.observe(slow, 2 * WINDOW)][:1] == ["restart"]
+
+
+def test_score_corrects_for_other_programs_load() -> None:
+    quiet = Snapshot(1000.0, 100, 1.0, 0.9, 0.0, idle_cores=0.5, cpu={"learner": 1.0, "replay": 0.5}, host_cores=2)
+    assert quiet.score == 1000.0  # ours + idle = every core: nothing to correct
+    busy = dataclasses.replace(quiet, frame_rate=600.0, idle_cores=0.0, cpu={"learner": 0.6, "replay": 0.4})
+    assert busy.score == pytest.approx(1200.0)  # half the host went to others
+    crowded = dataclasses.replace(busy, cpu={"learner": 0.1})
+    assert crowded.score == pytest.approx(1200.0)  # the correction is capped (MAX_LOAD_CORRECTION)
+    assert dataclasses.replace(busy, host_cores=0).score == 600.0  # host unknown: the raw rate
 
 
 def test_nothing_before_the_learners_update() -> None:

@@ -1,7 +1,8 @@
 """The runtime tuner: a pure controller from measurement windows to setting changes.
 
 Goal: the highest update frame rate (batch size x critic updates/s) while replay's rate
-limiter holds the target update-to-data ratio. Knobs: sampler processes, envs per
+limiter holds the target update-to-data ratio. Windows are compared by `Snapshot.score`,
+the frame rate corrected for other programs' load on a shared host. Knobs: sampler processes, envs per
 sampler, batch size. It is a damped hill climb, one knob step at a time:
 
   * measure the current setting over a window (the caller waits `settle` seconds after
@@ -31,6 +32,7 @@ DRIFT = 0.25  # a settled tuner starts over when the frame rate fell this much b
 DRIFT_WINDOWS = 2  # ...in this many windows in a row
 STALL = 0.1  # a stall share above this names the bottleneck
 IDLE_FOR_SAMPLER = 0.5  # host cores that must be idle before another sampler process is tried
+MAX_LOAD_CORRECTION = 2.0  # most the score scales a frame rate up for other programs' load (an estimate)
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,16 @@ class Snapshot:
     sample_stall: float  # share of the window learner requests waited in replay (sampling limits)
     idle_cores: float = 0.0  # host cores idle on average
     cpu: dict[str, float] = field(default_factory=dict)  # cores used per service
+    host_cores: float = 0.0  # cores of the host (0 = unknown: the score is the raw frame rate)
+
+    @property
+    def score(self) -> float:
+        """The frame rate as if the run had the whole host: other programs' load on a shared
+        host takes cores from us and from the idle pool alike, so scale by cores / (ours + idle)."""
+        ours = sum(self.cpu.values()) + self.idle_cores
+        if self.host_cores <= 0 or not self.cpu or ours <= 0:
+            return self.frame_rate
+        return self.frame_rate * min(self.host_cores / ours, MAX_LOAD_CORRECTION)
 
     def bottleneck(self) -> str:
         if self.insert_stall > STALL and self.insert_stall >= self.sample_stall:
@@ -99,7 +111,7 @@ class Tuner:
 
     def observe(self, snap: Snapshot, now: float) -> list[Decision]:
         """Take one window's measurement of the current setting; the decisions it leads to."""
-        if snap.frame_rate <= 0:
+        if snap.score <= 0:
             return []  # learners not updating yet (filling replay): nothing to compare
         out: list[Decision] = []
         if self.trial is not None:
@@ -108,18 +120,18 @@ class Tuner:
             if verdict.action == "revert":
                 return out  # the next window re-measures the restored setting
         elif self.baseline is None:
-            self.baseline = snap.frame_rate
-        elif snap.frame_rate < self.baseline * (1 - DRIFT) and self.low_windows + 1 >= DRIFT_WINDOWS:
+            self.baseline = snap.score
+        elif snap.score < self.baseline * (1 - DRIFT) and self.low_windows + 1 >= DRIFT_WINDOWS:
             self.blocked.clear()
-            out.append(Decision("restart", self.setting, f"frame rate fell to {snap.frame_rate:,.0f} from "
+            out.append(Decision("restart", self.setting, f"frame rate fell to {snap.score:,.0f} from "
                                 f"{self.baseline:,.0f} frames/s: every move may be tried again"))
-            self.baseline, self.settled, self.low_windows = snap.frame_rate, False, 0
-        elif snap.frame_rate < self.baseline * (1 - DRIFT):
+            self.baseline, self.settled, self.low_windows = snap.score, False, 0
+        elif snap.score < self.baseline * (1 - DRIFT):
             self.low_windows += 1  # one low window may be noise: wait for the next
             return out
         else:
             self.low_windows = 0
-            self.baseline = (self.baseline + snap.frame_rate) / 2  # settled: a smoothed reference for drift
+            self.baseline = (self.baseline + snap.score) / 2  # settled: a smoothed reference for drift
         out += self.propose(snap, now)
         return out
 
@@ -127,11 +139,11 @@ class Tuner:
         assert self.trial is not None
         move, before, base = self.trial
         self.trial = None
-        gain = snap.frame_rate / base - 1
+        gain = snap.score / base - 1
         utd_ok = not self.target_utd or abs(snap.update_to_data / self.target_utd - 1) <= UTD_DRIFT
-        numbers = f"{base:,.0f} -> {snap.frame_rate:,.0f} frames/s ({gain:+.1%})"
+        numbers = f"{base:,.0f} -> {snap.score:,.0f} load-corrected frames/s ({gain:+.1%})"
         if gain >= self.min_gain and utd_ok:
-            self.baseline = snap.frame_rate
+            self.baseline = snap.score
             self.blocked[INVERSE[move]] = now + self.cooldown
             return Decision("keep", self.setting, f"{move} kept: {numbers}", move)
         self.setting, self.baseline = before, None
@@ -152,12 +164,13 @@ class Tuner:
             self.setting, self.settled = new, False
             return [Decision("try", new, f"{move}: {snap.bottleneck()} limit (insert stall "
                              f"{snap.insert_stall:.0%}, sample stall {snap.sample_stall:.0%}, "
-                             f"{snap.idle_cores:.1f} idle cores) at {self.baseline:,.0f} frames/s", move)]
+                             f"{snap.idle_cores:.1f} idle cores) at {self.baseline:,.0f} "
+                             "load-corrected frames/s", move)]
         if self.settled:
             return []
         self.settled = True
         return [Decision("settled", self.setting, f"no move left to try: {self.setting.describe()} at "
-                         f"{self.baseline:,.0f} frames/s")]
+                         f"{self.baseline:,.0f} load-corrected frames/s")]
 
     def candidates(self, snap: Snapshot) -> list[str]:
         """Moves worth trying now, most promising first (what limits the run decides)."""

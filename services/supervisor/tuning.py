@@ -58,7 +58,7 @@ def snapshot(a: Sample, b: Sample, batch: int) -> Snapshot | None:
                     update_to_data=updates / inserted if inserted > 0 else 0.0,
                     insert_stall=(b.insert_stall_s - a.insert_stall_s) / dt_r,
                     sample_stall=(b.sample_stall_s - a.sample_stall_s) / dt_r,
-                    idle_cores=(b.host_idle - a.host_idle) / dt, cpu=cpu)
+                    idle_cores=(b.host_idle - a.host_idle) / dt, cpu=cpu, host_cores=os.cpu_count() or 0)
 
 
 class TuningLoop:
@@ -142,6 +142,6 @@ class TuningLoop:
 
 def numbers(snap: Snapshot) -> dict[str, float]:
     """A snapshot's numbers for an event (rounded)."""
-    return {"frame_rate": round(snap.frame_rate, 1), "sampling_hz": round(snap.sampling_hz, 1),
+    return {"frame_rate": round(snap.frame_rate, 1), "score": round(snap.score, 1), "sampling_hz": round(snap.sampling_hz, 1),
             "update_to_data": round(snap.update_to_data, 3), "insert_stall": round(snap.insert_stall, 3),
             "sample_stall": round(snap.sample_stall, 3), "idle_cores": round(snap.idle_cores, 2)}

@@ -1,0 +1,148 @@
+"""`spreeze bench tuner`: the runtime tuner from a bad start vs the best hand-picked setting.
+
+Every run is the real system (`Supervisor` with its own roster: replay, fused learner,
+evaluator, samplers, each a process on real sockets) training TD3 on HalfCheetah-v5 with
+the shipped defaults otherwise (64-64 networks, update-to-data 1), a short warm-up so
+updates start within seconds. Time is counted from the learner's first update.
+
+  tuned: starts at 1 sampler x 1 env, batch 64, tuning on (default windows); after
+      `--seconds` (2 minutes) the update frame rate over the last `--window` seconds is
+      what the tuner reached.
+  hand-picked: each setting of `--settings` (samplers x envs x batch), tuning off, runs
+      `--settle` seconds and is then measured over the same `--window`; the best counts.
+
+Update frame rate = transitions consumed by critic updates per second: the sum of
+(updates between two learner metrics records x the batch size then) / time. Printed:
+each rate and the ratio tuned / best hand-picked (target >= 0.9); `--json` writes it all.
+
+    spreeze bench tuner [--seconds 120] [--window 15] [--settle 10]
+                        [--settings 1x4x256 1x4x512 1x4x1024 1x8x1024 2x4x1024] [--json F]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.system import STARTUP_S, BenchFailed, log_tails
+from common.config import Config, load_config
+from services.supervisor.main import Supervisor
+from services.supervisor.tuner import Setting
+
+ENV = "HalfCheetah-v5"
+BAD = Setting(1, 1, 64)  # the deliberately bad start
+HAND = ("1x4x256", "1x4x512", "1x4x1024", "1x8x1024", "2x4x1024")
+POLL_S = 0.1
+
+
+def run_config(setting: Setting, tune: bool, run_dir: Path, budget_s: float) -> Config:
+    return load_config(None, [
+        f"env={ENV}", f"run_dir={run_dir}", "total_steps=100000000", f"time_limit={budget_s + STARTUP_S}",
+        f"sampler.num_samplers={setting.samplers}", f"sampler.envs_per_sampler={setting.envs}",
+        f"learner.batch_size={setting.batch}", "replay.min_size=2000", "sampler.warmup_steps=2000",
+        "eval.every_updates=1000000", f"supervisor.tune={str(tune).lower()}", "supervisor.progress_every=600",
+    ])
+
+
+def train_for(cfg: Config, seconds: float) -> tuple[list[dict[str, Any]], float]:
+    """Run the real system until `seconds` after the learner's first update; return the
+    metrics records and that first update's time (the records' wall_time scale)."""
+    Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
+    sup = Supervisor(cfg, quiet=True)
+
+    async def go() -> tuple[int, float]:
+        task = asyncio.create_task(sup.run())
+        deadline = time.monotonic() + STARTUP_S
+        while not task.done() and time.monotonic() < deadline:
+            progress = getattr(sup, "progress", None)
+            if progress is not None and progress.updates > 0:
+                break
+            await asyncio.sleep(POLL_S)
+        if task.done() or time.monotonic() >= deadline:
+            sup.stop("no update within the start-up time", failure=True)
+            await task
+            raise BenchFailed(f"no learner update: {sup.stop_reason}\n{log_tails(Path(cfg.run_dir))}")
+        first = sup.progress.elapsed
+        await asyncio.wait([task], timeout=seconds)
+        sup.stop(f"bench run of {seconds:g}s done")
+        return await task, first
+
+    rc, first = asyncio.run(go())
+    if rc != 0:
+        raise BenchFailed(f"bench run failed: {sup.stop_reason}\n{log_tails(Path(cfg.run_dir))}")
+    rows = [json.loads(line) for line in (Path(cfg.run_dir) / "metrics.jsonl").read_text().splitlines() if line]
+    return rows, first
+
+
+def frame_rate(rows: list[dict[str, Any]], start: float, end: float) -> float:
+    """Batch-weighted critic updates per second between wall times `start` and `end`."""
+    mine = [r for r in rows if r.get("kind") == "metrics" and r.get("service") == "learner"
+            and start <= r["wall_time"] <= end and "updates" in r]
+    if len(mine) < 2:
+        raise BenchFailed(f"{len(mine)} learner records between {start:.0f}s and {end:.0f}s: too few")
+    frames = sum((b["updates"] - a["updates"]) * b.get("batch_size", 0) for a, b in zip(mine, mine[1:]))
+    return frames / (mine[-1]["wall_time"] - mine[0]["wall_time"])
+
+
+def parse_setting(text: str) -> Setting:
+    try:
+        n, e, b = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"setting {text!r} must be SAMPLERSxENVSxBATCH, e.g. 1x4x256") from None
+    if min(n, e, b) <= 0:
+        raise argparse.ArgumentTypeError(f"setting {text!r}: every number must be > 0")
+    return Setting(n, e, b)
+
+
+def run(seconds: float, window: float, settle: float, hand: list[Setting], out: Path) -> dict[str, Any]:
+    rows, first = train_for(run_config(BAD, True, out / "tuned", seconds), seconds)
+    end = first + seconds
+    events = [r for r in rows if r.get("kind") == "event" and r.get("event") == "tune"]
+    at_end = [e for e in events if e["wall_time"] <= end]
+    final = {k: at_end[-1][k] for k in ("samplers", "envs", "batch")} if at_end else vars(BAD)
+    tuned = {"start": vars(BAD), "frame_rate": frame_rate(rows, end - window, end), "setting_at_end": final,
+             "decisions": [{"t": round(e["wall_time"] - first, 1), "action": e["action"], "reason": e["reason"]}
+                           for e in events]}
+    print(f"tuned from {BAD.describe()}: {tuned['frame_rate']:,.0f} frames/s in [{seconds - window:.0f}, "
+          f"{seconds:.0f}]s; setting then: {final}", flush=True)
+    hands = []
+    for s in hand:
+        name = f"{s.samplers}x{s.envs}x{s.batch}"
+        rows, first = train_for(run_config(s, False, out / name, settle + window), settle + window)
+        rate = frame_rate(rows, first + settle, first + settle + window)
+        hands.append({"setting": vars(s), "frame_rate": rate})
+        print(f"hand-picked {s.describe()}: {rate:,.0f} frames/s", flush=True)
+    best = max(hands, key=lambda h: h["frame_rate"])
+    ratio = tuned["frame_rate"] / best["frame_rate"]
+    print(f"tuned / best hand-picked ({best['setting']}): {ratio:.3f} (target >= 0.9)", flush=True)
+    return {"bench": "tuner", "env": ENV, "seconds": seconds, "window": window, "settle": settle,
+            "tuned": tuned, "hand_picked": hands, "best_hand_picked": best, "ratio": ratio}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="spreeze bench tuner", description=__doc__.splitlines()[0])
+    p.add_argument("--seconds", type=float, default=120.0, help="tuned run length after the first update")
+    p.add_argument("--window", type=float, default=15.0, help="measurement window at the end of each run")
+    p.add_argument("--settle", type=float, default=10.0, help="hand-picked runs: seconds before the window")
+    p.add_argument("--settings", type=parse_setting, nargs="+", default=[parse_setting(h) for h in HAND],
+                   help="hand-picked settings, SAMPLERSxENVSxBATCH")
+    p.add_argument("--json", default=None, help="also write the results to this JSON file")
+    p.add_argument("--out", default=None, help="keep the runs' directories (logs, metrics) here")
+    args = p.parse_args(argv)
+    if args.window <= 0 or args.settle < 0 or args.seconds <= args.window:
+        p.error("--window must be > 0, --settle >= 0 and --seconds > --window")
+    with tempfile.TemporaryDirectory(prefix="spreeze-bench-tuner-") as tmp:
+        result = run(args.seconds, args.window, args.settle, args.settings, Path(args.out or tmp))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -101,7 +101,7 @@ class SupervisorConfig:
     backoff: float = 1.0  # first restart delay in seconds, doubled per restart in the window
     progress_every: float = 5.0  # seconds between console progress lines
     auto: bool = True  # pick samplers, envs, batch, learner placement, threads from the hardware (set values kept)
-    tune: bool = True  # re-tune samplers, envs per sampler, batch size while training (set values pinned)
+    tune: bool = False  # re-tune samplers, envs per sampler, batch size while training (set values pinned)
     tune_window: float = 10.0  # seconds of metrics behind each tuning measurement
     tune_settle: float = 4.0  # seconds after a tuning change before its measurement starts
     tune_min_gain: float = 0.05  # relative update-frame-rate gain a tried change must bring to be kept

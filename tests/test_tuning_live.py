@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -95,3 +96,20 @@ async def drive(sup: Supervisor, seen: dict[str, Any]) -> None:
     seen["retired_rc"] = child.proc.returncode  # type: ignore[union-attr]
     await asyncio.sleep(1.0)  # the watch loop must not restart it
     assert "sampler-1" not in sup.children and not sup.retiring
+
+
+def test_a_sampler_joining_after_the_warm_up_skips_it(tmp_path: Path) -> None:
+    from proto.messages import Metrics
+    from services.supervisor.processes import Child, ServiceSpec
+    from services.supervisor.progress import Progress
+
+    sup = Supervisor(config(tmp_path, "sampler.warmup_steps=1000", "sampler.num_samplers=2"), quiet=True)
+    sup.progress = Progress(tmp_path / "metrics.jsonl", 10_000, 0.0)
+    sampler, replay = Child(ServiceSpec("sampler-5", "sampler", "services.sampler")), sup.children["replay"]
+    sup.progress.take(Metrics("replay", {"inserted": 400}))
+    assert sup.welcome_config(sampler)["sampler"]["warmup_steps"] == 1000  # its share: 1000 // 2
+    sup.progress.take(Metrics("replay", {"inserted": 1000}))
+    assert sup.welcome_config(sampler)["sampler"]["warmup_steps"] == 0
+    assert sup.welcome_config(replay)["sampler"]["warmup_steps"] == 1000  # other roles see the run's config
+    sup.progress.close()
+    shutil.rmtree(sup.sock_dir)  # made by the constructor; run() would remove it

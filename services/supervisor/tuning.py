@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import os
 import time
 from dataclasses import dataclass
@@ -27,6 +28,8 @@ from services.supervisor.tuner import KNOB_KEYS, Bounds, Setting, Snapshot, Tune
 
 if TYPE_CHECKING:
     from services.supervisor.main import Supervisor
+
+log = logging.getLogger(__name__)
 
 BUS_WAIT = 5.0  # seconds to wait for the metrics bus to carry a first record before publishing the plan
 LEARNER_ROLES = ("learner", "critic_learner", "actor_learner")
@@ -77,6 +80,14 @@ class TuningLoop:
         await self.announce_plan()
         if not self.sup.cfg.supervisor.tune:
             return
+        try:
+            await self.tune()
+        except Exception as exc:  # a tuner bug must not stop the training: it goes on as set now
+            log.exception("tuning stopped")
+            self.sup.emit("tune", f"tuning stopped by an error: {exc!r}; the run goes on with "
+                          f"{self.setting.describe()}", {"action": "stopped", **dataclasses.asdict(self.setting)})
+
+    async def tune(self) -> None:
         sc = self.sup.cfg.supervisor
         before = None
         while True:

@@ -101,6 +101,23 @@ def test_a_change_that_breaks_the_ratio_is_undone() -> None:
     assert verdict.action == "revert" and verdict.setting.batch == 64 and "update-to-data 1.60" in verdict.reason
 
 
+def test_a_load_change_during_a_trial_is_seen_on_the_second_look() -> None:
+    tuner = start(2)
+    quiet = Snapshot(frame_rate=10_000, sampling_hz=150, update_to_data=1.0, insert_stall=0.8, sample_stall=0.0)
+    tuner.observe(quiet, 0.0)  # tries batch+
+    loaded = dataclasses.replace(quiet, frame_rate=9_000)  # the move helped, but others took half the host
+    (revert,) = tuner.observe(loaded, WINDOW)
+    assert revert.action == "revert" and revert.setting.batch == 64
+    (keep,) = tuner.observe(dataclasses.replace(quiet, frame_rate=5_000), 2 * WINDOW)  # the old setting, loaded
+    assert keep.action == "keep" and keep.setting.batch == 128 and "second look" in keep.reason
+    tuner = start(2)
+    tuner.observe(quiet, 0.0)
+    tuner.observe(loaded, WINDOW)
+    decisions = tuner.observe(quiet, 2 * WINDOW)  # the old setting is as good as before: a real rejection
+    assert decisions[0].action == "reject" and tuner.setting.batch == 64
+    assert tuner.blocked["batch+"] == pytest.approx(2 * WINDOW + 300.0 / 8)  # a short block the first time
+
+
 def test_drift_restarts_the_search_only_when_it_persists() -> None:
     tuner = start(2, setting=Setting(1, 1, 1024))
     snap = measure(tuner.setting, 2, random.Random(0), noise=0.0)
@@ -167,10 +184,12 @@ def test_recorded_windows_measure_what_the_run_did() -> None:
 def test_recorded_noise_is_not_taken_for_a_gain() -> None:
     """The recorded run never changed its setting, and its windows swing by tens of percent
     (a shared 2-core machine): fed those windows, the tuner tries the learner-limited move,
-    sees no gain, undoes it, and settles; one slow window does not restart the search."""
+    sees no gain, undoes it, looks at the old setting again (A/B/A), rejects the move and
+    settles; one slow window does not restart the search."""
     tuner = start(2, setting=Setting(1, 4, 256))
     decisions = []
     for i, snap in enumerate(recorded_windows(10.0)[1:]):
         decisions += tuner.observe(snap, i * WINDOW)
-    assert [(d.action, d.move) for d in decisions] == [("try", "batch+"), ("revert", "batch+"), ("settled", "")]
+    assert [(d.action, d.move) for d in decisions] == [("try", "batch+"), ("revert", "batch+"),
+                                                       ("reject", "batch+"), ("settled", "")]
     assert tuner.setting == Setting(1, 4, 256)

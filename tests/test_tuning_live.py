@@ -113,3 +113,28 @@ def test_a_sampler_joining_after_the_warm_up_skips_it(tmp_path: Path) -> None:
     assert sup.welcome_config(replay)["sampler"]["warmup_steps"] == 1000  # other roles see the run's config
     sup.progress.close()
     shutil.rmtree(sup.sock_dir)  # made by the constructor; run() would remove it
+
+
+@pytest.mark.timeout(300)
+def test_spreeze_train_tunes_and_publishes_each_decision(tmp_path: Path) -> None:
+    """`spreeze train supervisor.tune=true`: the whole loop in a real run, short windows."""
+    import subprocess
+    import sys
+
+    run = tmp_path / "tuned"
+    cmd = [sys.executable, "-m", "common.cli", "train", "--run-dir", str(run), "--env", "Pendulum-v1",
+           "--time-limit", "45", "replay.min_size=500", "sampler.warmup_steps=500", "eval.every_updates=100000",
+           "supervisor.tune=true", "supervisor.tune_window=3", "supervisor.tune_settle=1",
+           "supervisor.progress_every=60", "learner.threads=1"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    events = [r for r in rows if r["kind"] == "event"]
+    plans = {e["key"]: e for e in events if e["event"] == "plan"}
+    assert "learner.threads" not in plans and "sampler.num_samplers" in plans  # set on the command line: kept
+    tunes = [e for e in events if e["event"] == "tune"]
+    assert tunes and tunes[0]["action"] == "try", events  # within 45 s the tuner tried something
+    for e in tunes:
+        assert e["reason"] and e["frame_rate"] > 0 and 0.0 <= e["insert_stall"] <= 1.0
+    assert not [e for e in events if e["event"] in ("restart", "give_up")]
+    assert "event tune:" in proc.stdout and "event plan:" in proc.stdout

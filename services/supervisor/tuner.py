@@ -7,15 +7,20 @@ sampler, batch size. It is a damped hill climb, one knob step at a time:
 
   * measure the current setting over a window (the caller waits `settle` seconds after
     a change, then `window` seconds, and passes the `Snapshot`);
-  * try one move, chosen by what limits the run now: replay refusing inserts means the
-    learners are the bottleneck (a larger batch makes each update do more), learners
-    waiting on replay means sampling is (more envs per sampler, then another sampler if
-    the host has idle cores);
-  * keep the move only if the next window's frame rate beats the baseline by
-    `min_gain` and the update-to-data ratio held; otherwise go back, and re-measure;
-  * a rejected move, and the undoing of a kept one, are blocked for `cooldown` seconds:
-    no knob can swing back and forth (hysteresis), and with nothing left to try the
-    tuner is settled until a block expires or the frame rate drifts down by DRIFT.
+  * try one move, chosen by what limits the run now: a larger batch first (each update
+    then uses more transitions, whoever limits), then, when the learners wait on replay
+    (sampling limits), another sampler if the host has idle cores, or more envs per
+    sampler; when replay refuses inserts (the learners limit) and no core is idle, one
+    sampler fewer;
+  * keep the move if the next window's score beats the baseline by `min_gain` and the
+    update-to-data ratio held; otherwise go back and measure the old setting again
+    (A/B/A): the move is kept after all if it beats the mean of the old setting's
+    windows before and after it (the host's load changed meanwhile), else rejected;
+  * the undoing of a kept move is blocked for `cooldown` seconds, so no knob swings back
+    and forth (hysteresis); a rejected move is blocked for RETRY_SHARE of that, doubled
+    with each rejection in a row (one unlucky window does not rule a move out for long,
+    a move that keeps failing is tried ever more rarely). With nothing left to try the
+    tuner is settled until a block expires or the score drifts down by DRIFT.
 
 Pinned knobs are never moved. Every decision carries its reason.
 """
@@ -32,6 +37,7 @@ DRIFT = 0.25  # a settled tuner starts over when the frame rate fell this much b
 DRIFT_WINDOWS = 2  # ...in this many windows in a row
 STALL = 0.1  # a stall share above this names the bottleneck
 IDLE_FOR_SAMPLER = 0.5  # host cores that must be idle before another sampler process is tried
+RETRY_SHARE = 0.125  # a move rejected once may be tried again after this share of the cooldown
 MAX_LOAD_CORRECTION = 2.0  # most the score scales a frame rate up for other programs' load (an estimate)
 
 
@@ -85,7 +91,7 @@ class Snapshot:
 
 @dataclass(frozen=True)
 class Decision:
-    action: str  # try | keep | revert | settled | restart
+    action: str  # try | keep | revert | reject | settled | restart
     setting: Setting  # the setting to run from now on
     reason: str
     move: str = ""
@@ -103,9 +109,11 @@ class Tuner:
                  min_gain: float = 0.05, cooldown: float = 300.0) -> None:
         self.setting, self.bounds, self.pinned = setting, bounds, pinned  # pinned: knob names
         self.target_utd, self.min_gain, self.cooldown = target_utd, min_gain, cooldown
-        self.baseline: float | None = None  # frame rate of the current setting
+        self.baseline: float | None = None  # score of the current setting
         self.trial: tuple[str, Setting, float] | None = None  # (move, setting before, baseline before)
+        self.recheck: tuple[str, Setting, float, float] | None = None  # (move, its setting, its score, before)
         self.blocked: dict[str, float] = {}  # move -> time until which it is not tried
+        self.rejections: dict[str, int] = {}  # move -> rejections in a row (the block doubles with each)
         self.settled = False
         self.low_windows = 0  # consecutive settled windows below the drift line
 
@@ -115,16 +123,20 @@ class Tuner:
             return []  # learners not updating yet (filling replay): nothing to compare
         out: list[Decision] = []
         if self.trial is not None:
-            verdict = self.judge(snap, now)
-            out.append(verdict)
-            if verdict.action == "revert":
+            out.append(self.judge(snap, now))
+            if out[-1].action == "revert":
                 return out  # the next window re-measures the restored setting
+        elif self.recheck is not None:
+            out.append(self.second_look(snap, now))
+            if out[-1].action == "keep":
+                return out  # the move is back on: the next window measures it
         elif self.baseline is None:
             self.baseline = snap.score
         elif snap.score < self.baseline * (1 - DRIFT) and self.low_windows + 1 >= DRIFT_WINDOWS:
             self.blocked.clear()
-            out.append(Decision("restart", self.setting, f"frame rate fell to {snap.score:,.0f} from "
-                                f"{self.baseline:,.0f} frames/s: every move may be tried again"))
+            self.rejections.clear()
+            out.append(Decision("restart", self.setting, f"score fell to {snap.score:,.0f} from "
+                                f"{self.baseline:,.0f} load-corrected frames/s: every move may be tried again"))
             self.baseline, self.settled, self.low_windows = snap.score, False, 0
         elif snap.score < self.baseline * (1 - DRIFT):
             self.low_windows += 1  # one low window may be noise: wait for the next
@@ -136,6 +148,7 @@ class Tuner:
         return out
 
     def judge(self, snap: Snapshot, now: float) -> Decision:
+        """The window after a tried move: keep it, or go back and look at the old setting again."""
         assert self.trial is not None
         move, before, base = self.trial
         self.trial = None
@@ -143,14 +156,46 @@ class Tuner:
         utd_ok = not self.target_utd or abs(snap.update_to_data / self.target_utd - 1) <= UTD_DRIFT
         numbers = f"{base:,.0f} -> {snap.score:,.0f} load-corrected frames/s ({gain:+.1%})"
         if gain >= self.min_gain and utd_ok:
+            self.keep(move, now)
             self.baseline = snap.score
-            self.blocked[INVERSE[move]] = now + self.cooldown
             return Decision("keep", self.setting, f"{move} kept: {numbers}", move)
-        self.setting, self.baseline = before, None
-        self.blocked[move] = now + self.cooldown
-        why = (f"update-to-data {snap.update_to_data:.2f} strayed from the target {self.target_utd:g}"
-               if not utd_ok else f"less than the +{self.min_gain:.0%} needed")
-        return Decision("revert", before, f"{move} undone: {numbers}, {why}", move)
+        tried, self.setting, self.baseline = self.setting, before, None
+        if not utd_ok:
+            self.block(move, now)
+            return Decision("revert", before, f"{move} undone: {numbers}, update-to-data "
+                            f"{snap.update_to_data:.2f} strayed from the target {self.target_utd:g}", move)
+        self.recheck = (move, tried, snap.score, base)
+        return Decision("revert", before, f"{move} undone: {numbers}, less than the +{self.min_gain:.0%} "
+                        "needed; measuring the previous setting again", move)
+
+    def second_look(self, snap: Snapshot, now: float) -> Decision:
+        """A/B/A: compare the tried move with the old setting measured before AND after it, so a
+        change of the host's load during the trial is not taken for the move's effect."""
+        assert self.recheck is not None
+        move, tried, score, before = self.recheck
+        self.recheck = None
+        reference = (before + snap.score) / 2
+        gain = score / reference - 1
+        numbers = (f"{score:,.0f} vs {reference:,.0f} load-corrected frames/s for the previous setting "
+                   f"before and after ({gain:+.1%})")
+        if gain >= self.min_gain:
+            self.keep(move, now)
+            self.setting, self.baseline = tried, None
+            return Decision("keep", tried, f"{move} kept after a second look: {numbers}", move)
+        self.baseline = snap.score
+        pause = self.block(move, now)
+        return Decision("reject", self.setting, f"{move} rejected: {numbers}; not tried for {pause:.0f}s", move)
+
+    def keep(self, move: str, now: float) -> None:
+        self.blocked[INVERSE[move]] = now + self.cooldown  # no swinging back
+        self.rejections.pop(move, None)
+
+    def block(self, move: str, now: float) -> float:
+        """Block a rejected move: RETRY_SHARE of the cooldown, doubled with each rejection in a row."""
+        n = self.rejections[move] = self.rejections.get(move, 0) + 1
+        pause = min(self.cooldown, self.cooldown * RETRY_SHARE * 2 ** (n - 1))
+        self.blocked[move] = now + pause
+        return pause
 
     def propose(self, snap: Snapshot, now: float) -> list[Decision]:
         for move in self.candidates(snap):
@@ -177,8 +222,8 @@ class Tuner:
         idle = snap.idle_cores >= IDLE_FOR_SAMPLER
         if snap.bottleneck() == "learners":
             order = ["batch+"] + (["samplers-"] if not idle and self.setting.samplers > 1 else [])
-        elif snap.bottleneck() == "sampling":
-            order = ["envs+", "batch+"] + (["samplers+"] if idle else ["batch-"])
+        elif snap.bottleneck() == "sampling":  # a larger batch still multiplies what each update uses
+            order = ["batch+"] + (["samplers+", "envs+"] if idle else ["envs+", "batch-"])
         else:
             order = ["batch+", "envs+"] + (["samplers+"] if idle else [])
         return [m for m in order if KNOB_OF[m] not in self.pinned]

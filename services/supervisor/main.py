@@ -278,11 +278,12 @@ class Supervisor:
         return child
 
     async def retire_sampler(self) -> Child | None:
-        """Tell the newest sampler to leave (it flushes its pushes and exits); never restarted."""
+        """Tell the most recently started sampler to leave (it flushes its pushes and exits);
+        it is not restarted."""
         samplers = [c for c in self.children.values() if c.spec.role == "sampler"]
         if len(samplers) <= 1:
             return None
-        child = max(samplers, key=lambda c: int(c.spec.service_id.rpartition("-")[2] or 0))
+        child = max(samplers, key=lambda c: c.started)
         del self.children[child.spec.service_id]
         child.restart_at, child.state = 0.0, "leaving"
         self.retiring.append((child, time.monotonic() + STOP_GRACE))

@@ -13,9 +13,11 @@ updates start within seconds. Time is counted from the learner's first update.
 
 Update frame rate = transitions consumed by critic updates per second: the sum of
 (updates between two learner metrics records x the batch size then) / time. Printed:
-each rate and the ratio tuned / best hand-picked (target >= 0.9); `--json` writes it all.
+each rate and the ratio tuned / best hand-picked (target >= 0.9), medians over
+`--repeats` rounds (each round: the tuned run, then every hand-picked one); `--json`
+writes it all. On a shared host the rates move with other programs' load: repeat.
 
-    spreeze bench tuner [--seconds 120] [--window 15] [--settle 10]
+    spreeze bench tuner [--seconds 120] [--window 15] [--settle 10] [--repeats 1]
                         [--settings 1x4x256 1x4x512 1x4x1024 1x8x1024 2x4x1024] [--json F]
 """
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import statistics
 import sys
 import tempfile
 import time
@@ -100,29 +103,47 @@ def parse_setting(text: str) -> Setting:
     return Setting(n, e, b)
 
 
-def run(seconds: float, window: float, settle: float, hand: list[Setting], out: Path) -> dict[str, Any]:
-    rows, first = train_for(run_config(BAD, True, out / "tuned", seconds), seconds)
+def tuned_run(seconds: float, window: float, run_dir: Path) -> dict[str, Any]:
+    rows, first = train_for(run_config(BAD, True, run_dir, seconds), seconds)
     end = first + seconds
     events = [r for r in rows if r.get("kind") == "event" and r.get("event") == "tune"]
     at_end = [e for e in events if e["wall_time"] <= end]
     final = {k: at_end[-1][k] for k in ("samplers", "envs", "batch")} if at_end else vars(BAD)
-    tuned = {"start": vars(BAD), "frame_rate": frame_rate(rows, end - window, end), "setting_at_end": final,
-             "decisions": [{"t": round(e["wall_time"] - first, 1), "action": e["action"], "reason": e["reason"]}
-                           for e in events]}
-    print(f"tuned from {BAD.describe()}: {tuned['frame_rate']:,.0f} frames/s in [{seconds - window:.0f}, "
+    got = {"frame_rate": frame_rate(rows, end - window, end), "setting_at_end": final,
+           "decisions": [{"t": round(e["wall_time"] - first, 1), "action": e["action"], "reason": e["reason"]}
+                         for e in events]}
+    print(f"tuned from {BAD.describe()}: {got['frame_rate']:,.0f} frames/s in [{seconds - window:.0f}, "
           f"{seconds:.0f}]s; setting then: {final}", flush=True)
-    hands = []
-    for s in hand:
-        name = f"{s.samplers}x{s.envs}x{s.batch}"
-        rows, first = train_for(run_config(s, False, out / name, settle + window), settle + window)
-        rate = frame_rate(rows, first + settle, first + settle + window)
-        hands.append({"setting": vars(s), "frame_rate": rate})
-        print(f"hand-picked {s.describe()}: {rate:,.0f} frames/s", flush=True)
-    best = max(hands, key=lambda h: h["frame_rate"])
-    ratio = tuned["frame_rate"] / best["frame_rate"]
-    print(f"tuned / best hand-picked ({best['setting']}): {ratio:.3f} (target >= 0.9)", flush=True)
+    return got
+
+
+def hand_run(s: Setting, window: float, settle: float, run_dir: Path) -> float:
+    rows, first = train_for(run_config(s, False, run_dir, settle + window), settle + window)
+    rate = frame_rate(rows, first + settle, first + settle + window)
+    print(f"hand-picked {s.describe()}: {rate:,.0f} frames/s", flush=True)
+    return rate
+
+
+def run(seconds: float, window: float, settle: float, hand: list[Setting], repeats: int,
+        out: Path) -> dict[str, Any]:
+    """`repeats` rounds of (tuned run, every hand-picked run); medians over the rounds."""
+    med = statistics.median
+    tuned: list[dict[str, Any]] = []
+    hands: dict[str, list[float]] = {f"{s.samplers}x{s.envs}x{s.batch}": [] for s in hand}
+    for rep in range(repeats):
+        tuned.append(tuned_run(seconds, window, out / f"r{rep}-tuned"))
+        for s in hand:
+            name = f"{s.samplers}x{s.envs}x{s.batch}"
+            hands[name].append(hand_run(s, window, settle, out / f"r{rep}-{name}"))
+    best = max(hands, key=lambda name: med(hands[name]))
+    tuned_rate = med(t["frame_rate"] for t in tuned)
+    ratio = tuned_rate / med(hands[best])
+    print(f"tuned / best hand-picked ({best}): {ratio:.3f} (target >= 0.9; medians of {repeats} round(s))",
+          flush=True)
     return {"bench": "tuner", "env": ENV, "seconds": seconds, "window": window, "settle": settle,
-            "tuned": tuned, "hand_picked": hands, "best_hand_picked": best, "ratio": ratio}
+            "repeats": repeats, "start": vars(BAD), "tuned_frame_rate": tuned_rate, "tuned_runs": tuned,
+            "hand_picked": {name: {"frame_rate": med(r), "runs": r} for name, r in hands.items()},
+            "best_hand_picked": best, "ratio": ratio}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -132,13 +153,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--settle", type=float, default=10.0, help="hand-picked runs: seconds before the window")
     p.add_argument("--settings", type=parse_setting, nargs="+", default=[parse_setting(h) for h in HAND],
                    help="hand-picked settings, SAMPLERSxENVSxBATCH")
+    p.add_argument("--repeats", type=int, default=1, help="rounds of all runs (medians reported)")
     p.add_argument("--json", default=None, help="also write the results to this JSON file")
     p.add_argument("--out", default=None, help="keep the runs' directories (logs, metrics) here")
     args = p.parse_args(argv)
-    if args.window <= 0 or args.settle < 0 or args.seconds <= args.window:
-        p.error("--window must be > 0, --settle >= 0 and --seconds > --window")
+    if args.window <= 0 or args.settle < 0 or args.seconds <= args.window or args.repeats <= 0:
+        p.error("--window and --repeats must be > 0, --settle >= 0 and --seconds > --window")
     with tempfile.TemporaryDirectory(prefix="spreeze-bench-tuner-") as tmp:
-        result = run(args.seconds, args.window, args.settle, args.settings, Path(args.out or tmp))
+        result = run(args.seconds, args.window, args.settle, args.settings, args.repeats, Path(args.out or tmp))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
     return 0

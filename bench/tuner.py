@@ -12,7 +12,9 @@ updates start within seconds. Time is counted from the learner's first update.
       `--settle` seconds and is then measured over the same `--window`; the best counts.
 
 Update frame rate = transitions consumed by critic updates per second: the sum of
-(updates between two learner metrics records x the batch size then) / time. Printed:
+(updates between two learner metrics records x the batch size then) / time; also
+load-corrected like the tuner's windows (x host cores / (the run's CPU + idle CPU) over
+the window, at most 2x), which takes out some of a shared host's noise. Printed:
 each rate and the ratio tuned / best hand-picked (target >= 0.9), medians over
 `--repeats` rounds (each round: the tuned run, then every hand-picked one); `--json`
 writes it all. On a shared host the rates move with other programs' load: repeat.
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -36,7 +39,8 @@ from typing import Any
 from bench.system import STARTUP_S, BenchFailed, log_tails
 from common.config import Config, load_config
 from services.supervisor.main import Supervisor
-from services.supervisor.tuner import Setting
+from services.supervisor.probe import cpu_seconds, host_cpu
+from services.supervisor.tuner import Setting, Snapshot
 
 ENV = "HalfCheetah-v5"
 BAD = Setting(1, 1, 64)  # the deliberately bad start
@@ -53,9 +57,25 @@ def run_config(setting: Setting, tune: bool, run_dir: Path, budget_s: float) -> 
     ])
 
 
-def train_for(cfg: Config, seconds: float) -> tuple[list[dict[str, Any]], float]:
+def cpu_now(sup: Supervisor) -> tuple[float, float, float]:
+    """(time, CPU seconds of every service, the host's idle CPU seconds)."""
+    pids = [c.proc.pid for c in sup.children.values() if c.proc is not None and c.alive]
+    ours = sum(cpu_seconds(pid) or 0.0 for pid in pids)
+    return time.monotonic(), ours, host_cpu()[0]
+
+
+def load_factor(a: tuple[float, float, float], b: tuple[float, float, float]) -> float:
+    """The tuner's load correction over a window (Snapshot.score): host cores / (ours + idle)."""
+    dt = b[0] - a[0]
+    snap = Snapshot(1.0, 0.0, 0.0, 0.0, 0.0, idle_cores=(b[2] - a[2]) / dt, cpu={"all": (b[1] - a[1]) / dt},
+                    host_cores=os.cpu_count() or 0)
+    return snap.score
+
+
+def train_for(cfg: Config, seconds: float, window: float) -> tuple[list[dict[str, Any]], float, float]:
     """Run the real system until `seconds` after the learner's first update; return the
-    metrics records and that first update's time (the records' wall_time scale)."""
+    metrics records, that first update's time (the records' wall_time scale) and the load
+    correction over the last `window` seconds."""
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
     sup = Supervisor(cfg, quiet=True)
 
@@ -72,15 +92,18 @@ def train_for(cfg: Config, seconds: float) -> tuple[list[dict[str, Any]], float]
             await task
             raise BenchFailed(f"no learner update: {sup.stop_reason}\n{log_tails(Path(cfg.run_dir))}")
         first = sup.progress.elapsed
-        await asyncio.wait([task], timeout=seconds)
+        await asyncio.wait([task], timeout=seconds - window)
+        before = cpu_now(sup)
+        await asyncio.wait([task], timeout=window)
+        factor = load_factor(before, cpu_now(sup))
         sup.stop(f"bench run of {seconds:g}s done")
-        return await task, first
+        return await task, first, factor
 
-    rc, first = asyncio.run(go())
+    rc, first, factor = asyncio.run(go())
     if rc != 0:
         raise BenchFailed(f"bench run failed: {sup.stop_reason}\n{log_tails(Path(cfg.run_dir))}")
     rows = [json.loads(line) for line in (Path(cfg.run_dir) / "metrics.jsonl").read_text().splitlines() if line]
-    return rows, first
+    return rows, first, factor
 
 
 def frame_rate(rows: list[dict[str, Any]], start: float, end: float) -> float:
@@ -104,24 +127,25 @@ def parse_setting(text: str) -> Setting:
 
 
 def tuned_run(seconds: float, window: float, run_dir: Path) -> dict[str, Any]:
-    rows, first = train_for(run_config(BAD, True, run_dir, seconds), seconds)
+    rows, first, factor = train_for(run_config(BAD, True, run_dir, seconds), seconds, window)
     end = first + seconds
     events = [r for r in rows if r.get("kind") == "event" and r.get("event") == "tune"]
     at_end = [e for e in events if e["wall_time"] <= end]
     final = {k: at_end[-1][k] for k in ("samplers", "envs", "batch")} if at_end else vars(BAD)
-    got = {"frame_rate": frame_rate(rows, end - window, end), "setting_at_end": final,
+    rate = frame_rate(rows, end - window, end)
+    got = {"frame_rate": rate, "load_corrected": rate * factor, "setting_at_end": final,
            "decisions": [{"t": round(e["wall_time"] - first, 1), "action": e["action"], "reason": e["reason"]}
                          for e in events]}
-    print(f"tuned from {BAD.describe()}: {got['frame_rate']:,.0f} frames/s in [{seconds - window:.0f}, "
-          f"{seconds:.0f}]s; setting then: {final}", flush=True)
+    print(f"tuned from {BAD.describe()}: {rate:,.0f} frames/s ({rate * factor:,.0f} load-corrected) in "
+          f"[{seconds - window:.0f}, {seconds:.0f}]s; setting then: {final}", flush=True)
     return got
 
 
-def hand_run(s: Setting, window: float, settle: float, run_dir: Path) -> float:
-    rows, first = train_for(run_config(s, False, run_dir, settle + window), settle + window)
+def hand_run(s: Setting, window: float, settle: float, run_dir: Path) -> dict[str, float]:
+    rows, first, factor = train_for(run_config(s, False, run_dir, settle + window), settle + window, window)
     rate = frame_rate(rows, first + settle, first + settle + window)
-    print(f"hand-picked {s.describe()}: {rate:,.0f} frames/s", flush=True)
-    return rate
+    print(f"hand-picked {s.describe()}: {rate:,.0f} frames/s ({rate * factor:,.0f} load-corrected)", flush=True)
+    return {"frame_rate": rate, "load_corrected": rate * factor}
 
 
 def run(seconds: float, window: float, settle: float, hand: list[Setting], repeats: int,
@@ -129,21 +153,24 @@ def run(seconds: float, window: float, settle: float, hand: list[Setting], repea
     """`repeats` rounds of (tuned run, every hand-picked run); medians over the rounds."""
     med = statistics.median
     tuned: list[dict[str, Any]] = []
-    hands: dict[str, list[float]] = {f"{s.samplers}x{s.envs}x{s.batch}": [] for s in hand}
+    hands: dict[str, list[dict[str, float]]] = {f"{s.samplers}x{s.envs}x{s.batch}": [] for s in hand}
     for rep in range(repeats):
         tuned.append(tuned_run(seconds, window, out / f"r{rep}-tuned"))
         for s in hand:
             name = f"{s.samplers}x{s.envs}x{s.batch}"
             hands[name].append(hand_run(s, window, settle, out / f"r{rep}-{name}"))
-    best = max(hands, key=lambda name: med(hands[name]))
-    tuned_rate = med(t["frame_rate"] for t in tuned)
-    ratio = tuned_rate / med(hands[best])
-    print(f"tuned / best hand-picked ({best}): {ratio:.3f} (target >= 0.9; medians of {repeats} round(s))",
-          flush=True)
-    return {"bench": "tuner", "env": ENV, "seconds": seconds, "window": window, "settle": settle,
-            "repeats": repeats, "start": vars(BAD), "tuned_frame_rate": tuned_rate, "tuned_runs": tuned,
-            "hand_picked": {name: {"frame_rate": med(r), "runs": r} for name, r in hands.items()},
-            "best_hand_picked": best, "ratio": ratio}
+    result: dict[str, Any] = {"bench": "tuner", "env": ENV, "seconds": seconds, "window": window,
+                              "settle": settle, "repeats": repeats, "start": vars(BAD), "tuned_runs": tuned,
+                              "hand_picked_runs": hands}
+    for key in ("frame_rate", "load_corrected"):
+        rates = {name: med(r[key] for r in runs) for name, runs in hands.items()}
+        best = max(rates, key=rates.__getitem__)
+        tuned_rate = med(t[key] for t in tuned)
+        result[key] = {"tuned": tuned_rate, "hand_picked": rates, "best_hand_picked": best,
+                       "ratio": tuned_rate / rates[best]}
+        print(f"{key.replace('_', ' ')}: tuned / best hand-picked ({best}): {tuned_rate / rates[best]:.3f} "
+              f"(target >= 0.9; medians of {repeats} round(s))", flush=True)
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 BUS_WAIT = 5.0  # seconds to wait for the metrics bus to carry a first record before publishing the plan
+FIRST_UPDATE_POLL = 0.5  # seconds between looks for the learners' first update
 LEARNER_ROLES = ("learner", "critic_learner", "actor_learner")
 
 
@@ -89,7 +90,7 @@ class TuningLoop:
 
     async def tune(self) -> None:
         sc = self.sup.cfg.supervisor
-        before = None
+        before = await self.first_update()
         while True:
             await asyncio.sleep(sc.tune_window)
             now = self.sample()
@@ -104,6 +105,14 @@ class TuningLoop:
                 await self.change(decisions[-1].setting)
                 await asyncio.sleep(sc.tune_settle)
                 before = self.sample()
+
+    async def first_update(self) -> Sample:
+        """The first sample once the learners update: windows before that measure nothing."""
+        while True:
+            got = self.sample()
+            if got is not None and got.updates > 0:
+                return got
+            await asyncio.sleep(FIRST_UPDATE_POLL)
 
     async def announce_plan(self) -> None:
         deadline = time.monotonic() + BUS_WAIT

@@ -2,8 +2,8 @@
 
 Goal: the highest update frame rate (batch size x critic updates/s) while replay's rate
 limiter holds the target update-to-data ratio. Windows are compared by `Snapshot.score`,
-the frame rate corrected for other programs' load on a shared host. Knobs: sampler processes, envs per
-sampler, batch size. It is a damped hill climb, one knob step at a time:
+the frame rate corrected for other programs' load on a shared host. Knobs: sampler
+processes, envs per sampler, batch size. A damped hill climb, one knob step at a time:
 
   * measure the current setting over a window (the caller waits `settle` seconds after
     a change, then `window` seconds, and passes the `Snapshot`);

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import yaml
 
-from common.config import Config, field_docs, load_config, to_dict
+from common.config import Config, field_docs, given_keys, load_config, to_dict
 from common.errors import SpreezeError
 from common.sparse import NETWORKS
 
-BENCHES = ("transport", "learning", "sampling", "update", "e2e")  # modules bench/<name>.py
+BENCHES = ("transport", "learning", "sampling", "update", "e2e", "tuner")  # modules bench/<name>.py
 
 
 def _train_parser(sub: argparse._SubParsersAction) -> None:
@@ -41,11 +41,15 @@ def _train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
 
 
-def train_config(args: argparse.Namespace) -> Config:
+def train_overrides(args: argparse.Namespace) -> list[str]:
+    """key=value overrides of `spreeze train`, the named flags included."""
     flags = {"env": args.env, "algo": args.algo, "seed": args.seed, "total_steps": args.total_steps,
              "time_limit": args.time_limit, "run_dir": args.run_dir, "sparse.network": args.network}
-    overrides = list(args.overrides) + [f"{k}={v}" for k, v in flags.items() if v is not None]
-    cfg = load_config(args.config, overrides)
+    return list(args.overrides) + [f"{k}={v}" for k, v in flags.items() if v is not None]
+
+
+def train_config(args: argparse.Namespace) -> Config:
+    cfg = load_config(args.config, train_overrides(args))
     if not cfg.run_dir:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         cfg = dataclasses.replace(cfg, run_dir=f"runs/{cfg.env}-{cfg.algo}-s{cfg.seed}-{stamp}")
@@ -54,12 +58,17 @@ def train_config(args: argparse.Namespace) -> Config:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from services.supervisor import probe
     from services.supervisor.main import Supervisor
 
     from common.envs import env_spec
 
     cfg = train_config(args)
-    env_spec(cfg.env)  # refuse unknown or discrete-action envs before anything starts
+    layout, _, _ = env_spec(cfg.env)  # refuse unknown or discrete-action envs before anything starts
+    pinned = given_keys(args.config, train_overrides(args))
+    hardware = probe.probe()
+    choices = probe.plan(hardware, cfg, pinned, layout.width * 4) if cfg.supervisor.auto else []
+    cfg = probe.apply(cfg, choices)
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
@@ -67,7 +76,10 @@ def cmd_train(args: argparse.Namespace) -> int:
                         format="%(asctime)s supervisor %(levelname)s %(name)s: %(message)s")
     print(f"spreeze: training {cfg.algo} on {cfg.env} for {cfg.total_steps:,} env steps; run dir {run_dir}",
           flush=True)
-    return asyncio.run(Supervisor(cfg, quiet=args.quiet).run())
+    print(f"spreeze: hardware: {hardware.describe()}", flush=True)
+    logging.getLogger(__name__).info("hardware: %s; pinned by the user: %s", hardware.describe(),
+                                     ", ".join(sorted(pinned)) or "nothing")
+    return asyncio.run(Supervisor(cfg, quiet=args.quiet, pinned=pinned, plan=choices).run())
 
 
 def cmd_eval(args: argparse.Namespace) -> int:

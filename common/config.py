@@ -119,10 +119,25 @@ class SupervisorConfig:
     restart_window: float = 300.0  # seconds
     backoff: float = 1.0  # first restart delay in seconds, doubled per restart in the window
     progress_every: float = 5.0  # seconds between console progress lines
+    auto: bool = True  # pick samplers, envs, batch, learner placement, threads from the hardware (set values kept)
+    tune: bool = False  # re-tune samplers, envs per sampler, batch size while training (set values pinned)
+    tune_window: float = 10.0  # seconds of metrics behind each tuning measurement
+    tune_settle: float = 4.0  # seconds after a tuning change before its measurement starts
+    tune_min_gain: float = 0.05  # relative update-frame-rate gain a tried change must bring to be kept
+    tune_cooldown: float = 300.0  # seconds before a rejected change, or undoing a kept one, is tried again
+    max_samplers: int = 0  # most sampler processes the tuner may run (0 = the CPU cores found)
+    max_envs_per_sampler: int = 64  # most envs per sampler the tuner may set
+    min_batch_size: int = 32  # smallest batch size the tuner may set
+    max_batch_size: int = 1024  # largest batch size the tuner may set (larger rarely learns faster per step)
 
     def validate(self) -> None:
-        _positive(self, "heartbeat_interval", "liveness", "start_timeout", "restart_window", "progress_every")
-        _non_negative(self, "max_restarts", "backoff")
+        _positive(self, "heartbeat_interval", "liveness", "start_timeout", "restart_window", "progress_every",
+                  "tune_window", "max_envs_per_sampler", "min_batch_size", "max_batch_size")
+        _non_negative(self, "max_restarts", "backoff", "tune_settle", "tune_min_gain", "tune_cooldown",
+                      "max_samplers")
+        if self.min_batch_size > self.max_batch_size:
+            raise ConfigError(f"supervisor.min_batch_size={self.min_batch_size} exceeds "
+                              f"supervisor.max_batch_size={self.max_batch_size}")
 
 
 @dataclass(frozen=True)
@@ -279,6 +294,21 @@ def parse_override(text: str) -> tuple[list[str], Any]:
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
                 base: dict[str, Any] | None = None) -> Config:
     """YAML file (optional) + overrides -> a validated Config."""
+    return from_dict(_raw_config(path, overrides, base))
+
+
+def given_keys(path: str | Path | None = None, overrides: list[str] | None = None) -> frozenset[str]:
+    """Dotted keys the user set in the YAML file or as overrides ('sampler.num_samplers', ...):
+    the hardware plan and the tuner keep these values (they are pinned)."""
+    def leaves(node: dict[str, Any], prefix: str) -> list[str]:
+        return [k for key, value in node.items()
+                for k in (leaves(value, f"{prefix}{key}.") if isinstance(value, dict) else [f"{prefix}{key}"])]
+    return frozenset(leaves(_raw_config(path, overrides), ""))
+
+
+def _raw_config(path: str | Path | None, overrides: list[str] | None,
+                base: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The plain data of a YAML file with overrides applied on top (not yet validated)."""
     data: dict[str, Any] = dict(base or {})
     if path is not None:
         p = Path(path)
@@ -299,7 +329,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             if not isinstance(node, dict):
                 raise ConfigError(f"override {text!r}: {k} is not a section")
         node[keys[-1]] = value
-    return from_dict(data)
+    return data
 
 
 def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:

@@ -106,3 +106,17 @@ def test_transport_seconds_count_codec_and_socket_calls() -> None:
 
     import asyncio
     asyncio.run(go())
+
+
+def test_tuner_bench_frame_rate_weights_each_interval_by_its_batch() -> None:
+    from bench.tuner import frame_rate, parse_setting
+
+    rows = [{"kind": "metrics", "service": "learner", "wall_time": t, "updates": u, "batch_size": b}
+            for t, u, b in ((1.0, 0, 64), (2.0, 100, 64), (3.0, 150, 128), (4.0, 200, 128), (9.0, 999, 128))]
+    assert frame_rate(rows, 1.0, 4.0) == pytest.approx((100 * 64 + 50 * 128 + 50 * 128) / 3.0)
+    with pytest.raises(BenchFailed, match="too few"):
+        frame_rate(rows, 5.0, 8.0)
+    assert parse_setting("2x8x512") == parse_setting("2X8X512")
+    for bad in ("2x8", "0x1x64", "axbxc"):
+        with pytest.raises(Exception, match="setting"):
+            parse_setting(bad)

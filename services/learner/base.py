@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from typing import Any
 
 import torch
 
 from common.algorithms import ActorPart, CriticPart, make_parts
+from common.errors import ConfigError
 from common.envs import env_spec
 from common.learner_io import BatchStream, atomic_save, checkpoint_dir, device_of
 from common.service import Service
@@ -54,6 +56,17 @@ class LearnerBase(Service):
         pub.publish(weights_message(net, actor.updates, actor.updates * actor.policy_delay, state,
                                     sparse, extras))
 
+    def set_param(self, key: str, value: Any) -> None:
+        """`batch_size`: requests sent from now on ask for this many transitions."""
+        if key != "batch_size" or type(value) is not int or value <= 0:
+            raise ConfigError(f"{self.ROLE}: cannot set {key}={value!r} (settable: batch_size > 0)")
+        if value > self.cfg.replay.capacity:
+            raise ConfigError(f"{self.ROLE}: batch_size={value} exceeds replay.capacity={self.cfg.replay.capacity}")
+        if not hasattr(self, "batches"):
+            raise ConfigError(f"{self.ROLE}: not ready for batch_size={value} yet (still setting up)")
+        self.batches.batch_size = value
+        self.cfg = dataclasses.replace(self.cfg, learner=dataclasses.replace(self.cfg.learner, batch_size=value))
+
     def tick(self, updates: int, extra: dict[str, Any]) -> None:
         """Metrics about once a second; learner checkpoints every checkpoint_every_s."""
         now = time.monotonic()
@@ -61,7 +74,8 @@ class LearnerBase(Service):
         if dt >= METRICS_EVERY:
             rate = (updates - self.metrics_updates) / dt
             self.publish({"updates": updates, "update_hz": rate,
-                          "update_frame_rate": rate * self.cfg.learner.batch_size,
+                          "update_frame_rate": rate * self.batches.batch_size,
+                          "batch_size": self.batches.batch_size,
                           "batch_wait_s": self.batches.wait_s, "env_steps": self.batches.inserted,
                           **self.losses, **extra})
             self.last_metrics, self.metrics_updates = now, updates

@@ -10,6 +10,7 @@ is the prefetch.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections import deque
@@ -21,6 +22,7 @@ import zmq.asyncio
 
 from common.envs import env_spec
 from common.config import Config
+from common.errors import ConfigError
 from common.rate_limiter import RateLimiter, RateLimiterConfig
 from common.replay_buffer import ReplayBuffer, ReplayInputError
 from common.service import Service
@@ -71,6 +73,14 @@ class Replay(Service):
 
     def counters(self) -> dict[str, Any]:
         return {"size": self.buffer.size, "inserted": self.limiter.inserts}
+
+    def set_param(self, key: str, value: Any) -> None:
+        """`batch_size`: the learners' new batch size; the rate limiter's samples per insert follow."""
+        if key != "batch_size" or type(value) is not int or not 0 < value <= self.cfg.replay.capacity:
+            raise ConfigError(f"replay: cannot set {key}={value!r} "
+                              f"(settable: batch_size in 1..{self.cfg.replay.capacity})")
+        self.cfg = dataclasses.replace(self.cfg, learner=dataclasses.replace(self.cfg.learner, batch_size=value))
+        self.limiter.reconfigure(limiter_config(self.cfg))
 
     async def serve(self) -> None:
         exp = self.channel("experience", binding=True)

@@ -38,7 +38,7 @@ class Sampler(Service):
         self.rng = np.random.default_rng(seq)
         self.envs = EnvBatch(self.cfg.env, sc.envs_per_sampler, int(seq.generate_state(1)[0] % (1 << 30)))
         self.layout = self.envs.layout
-        self.warmup = sc.warmup_steps // sc.num_samplers
+        self.warmup = sc.warmup_steps // sc.num_samplers  # this sampler's share of the warm-up
         self.actor: NumpyActor | None = None
         self.actor_version = -1
         self.returns: list[float] = []
@@ -50,9 +50,21 @@ class Sampler(Service):
         return {"env_steps": self.envs.steps, "actor_version": self.actor_version}
 
     def set_param(self, key: str, value: Any) -> None:
-        if key != "steps_per_push" or type(value) is not int or value <= 0:
-            raise ConfigError(f"sampler: cannot set {key}={value!r} (settable: steps_per_push > 0)")
-        self.steps_per_push = value
+        if key not in ("steps_per_push", "envs_per_sampler") or type(value) is not int or value <= 0:
+            raise ConfigError(f"sampler: cannot set {key}={value!r} "
+                              "(settable: steps_per_push > 0, envs_per_sampler > 0)")
+        if key == "steps_per_push":
+            self.steps_per_push = value
+        elif value != len(self.envs):
+            self.resize(value)
+
+    def resize(self, n: int) -> None:
+        """Step n envs from now on: a new batch of fresh episodes (the old ones' unfinished
+        episodes end unreported); the step count goes on."""
+        steps = self.envs.steps
+        self.envs.close()
+        self.envs = EnvBatch(self.cfg.env, n, int(self.rng.integers(1 << 30)))
+        self.envs.steps = steps
 
     async def serve(self) -> None:
         push = self.channel("experience", binding=False)
@@ -103,7 +115,7 @@ class Sampler(Service):
 
     def report(self, dt: float, steps: int) -> None:
         values: dict[str, Any] = {"env_steps": self.envs.steps, "sampling_hz": steps / dt,
-                                  "actor_version": self.actor_version}
+                                  "actor_version": self.actor_version, "envs": len(self.envs)}
         if self.returns:
             values["episode_return"] = float(np.mean(self.returns))
             values["episode_length"] = float(np.mean(self.lengths))

@@ -27,8 +27,10 @@ from common.config import Config, to_dict
 from common.errors import SpreezeError
 from common.transport import Channel, ipc_endpoint, make_ipc_dir
 from proto.messages import Control, ControlReply, Event, Heartbeat, Register, Welcome
+from services.supervisor.probe import Choice
 from services.supervisor.processes import Child, RestartPolicy, ServiceSpec, spawn, terminate
 from services.supervisor.progress import Progress
+from services.supervisor.tuning import TuningLoop
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +64,12 @@ def roster(cfg: Config) -> list[ServiceSpec]:
 
 
 class Supervisor:
-    def __init__(self, cfg: Config, quiet: bool = False, specs: list[ServiceSpec] | None = None) -> None:
+    def __init__(self, cfg: Config, quiet: bool = False, specs: list[ServiceSpec] | None = None,
+                 pinned: frozenset[str] = frozenset(), plan: list[Choice] | None = None) -> None:
+        """`specs`: a custom roster (benchmarks, tests): then nothing is tuned. `pinned`: config
+        keys the user set (the tuner leaves them); `plan`: the start plan's choices, published."""
         self.cfg, self.quiet = cfg, quiet
+        self.tuning = TuningLoop(self, pinned, plan or []) if specs is None else None
         self.run_dir = Path(cfg.run_dir)
         self.sock_dir = make_ipc_dir()
         self.endpoints = {name: ipc_endpoint(self.sock_dir, name) for name in ENDPOINT_NAMES}
@@ -75,6 +81,8 @@ class Supervisor:
         self.done = asyncio.Event()
         self.encoder = Encoder("supervisor")
         self.next_request = 0
+        self.retiring: list[tuple[Child, float]] = []  # samplers told to leave, with their exit deadline
+        self.next_sampler = cfg.sampler.num_samplers  # index of the next sampler started at runtime
 
     # ------------------------------------------------------------------ main
     async def run(self) -> int:
@@ -91,8 +99,9 @@ class Supervisor:
             loop.add_signal_handler(sig, self.stop, f"signal {signal.Signals(sig).name}")
         for child in self.children.values():
             self.start(child)
-        tasks = [asyncio.create_task(c) for c in (self.metrics_proxy(), self.control_loop(), self.metrics_loop(),
-                                                   self.watch_loop(), self.progress_loop())]
+        loops = [self.metrics_proxy(), self.control_loop(), self.metrics_loop(), self.watch_loop(),
+                 self.progress_loop()] + ([self.tuning.run()] if self.tuning else [])
+        tasks = [asyncio.create_task(c) for c in loops]
         await self.done.wait()
         await self.shutdown()
         for task in tasks:
@@ -203,8 +212,16 @@ class Supervisor:
             return
         child.registered, child.last_heartbeat, child.state = True, time.monotonic(), "running"
         self.write_roster()
-        await self.control.send(Welcome(sid, self.endpoints, to_dict(self.cfg),
+        await self.control.send(Welcome(sid, self.endpoints, self.welcome_config(child),
                                         self.cfg.supervisor.heartbeat_interval), to=peer)
+
+    def welcome_config(self, child: Child) -> dict[str, Any]:
+        """The run config as this service gets it: the current (tuned) values, and no random
+        warm-up for a sampler that joins once the run's warm-up steps are in replay."""
+        data = to_dict(self.cfg)
+        if child.spec.role == "sampler" and self.progress.env_steps >= self.cfg.sampler.warmup_steps:
+            data["sampler"]["warmup_steps"] = 0
+        return data
 
     async def metrics_loop(self) -> None:
         while True:
@@ -223,6 +240,7 @@ class Supervisor:
             now = time.monotonic()
             for child in self.children.values():
                 self.check(child, now, silence)
+            self.reap_retired(now)
             if self.cfg.time_limit and self.progress.elapsed >= self.cfg.time_limit:
                 self.stop(f"time limit of {self.cfg.time_limit:.0f}s reached")
             await self.ping_all()
@@ -260,10 +278,42 @@ class Supervisor:
             await asyncio.sleep(self.cfg.supervisor.progress_every)
             self.say(self.progress.line())
 
+    # ------------------------------------------------------------------ actuators (the tuner's)
+    def add_sampler(self) -> Child:
+        """Start one more sampler process (a fresh id: a leaving one may still hold its old id)."""
+        sid = f"sampler-{self.next_sampler}"
+        self.next_sampler += 1
+        child = self.children[sid] = Child(ServiceSpec(sid, "sampler", "services.sampler"))
+        self.start(child)
+        return child
+
+    async def retire_sampler(self) -> Child | None:
+        """Tell the most recently started sampler to leave (it flushes its pushes and exits);
+        it is not restarted."""
+        samplers = [c for c in self.children.values() if c.spec.role == "sampler"]
+        if len(samplers) <= 1:
+            return None
+        child = max(samplers, key=lambda c: c.started)
+        del self.children[child.spec.service_id]
+        child.restart_at, child.state = 0.0, "leaving"
+        self.retiring.append((child, time.monotonic() + STOP_GRACE))
+        if child.alive and child.registered:
+            await self.command(child, "shutdown")
+        self.write_roster()
+        return child
+
+    def reap_retired(self, now: float) -> None:
+        """Forget samplers that left; kill one that outstays its grace period."""
+        for child, deadline in self.retiring:
+            if child.alive and now > deadline:
+                terminate([child], timeout=1.0)
+        self.retiring = [(c, d) for c, d in self.retiring if c.alive]
+
     # ------------------------------------------------------------------ shutdown
     async def shutdown(self) -> None:
         """Producers first (samplers, learners), then evaluator, replay and visualizer."""
         first = [c for c in self.children.values() if c.spec.role not in LAST_TO_STOP]
+        first += [c for c, _ in self.retiring]
         last = [c for c in self.children.values() if c.spec.role in LAST_TO_STOP]
         for group in (first, last):
             for child in group:

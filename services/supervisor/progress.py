@@ -21,6 +21,7 @@ class Progress:
         self.start = time.monotonic()
         self.total_steps, self.time_limit = total_steps, time_limit
         self.latest: dict[str, dict[str, Any]] = {}
+        self.arrived: dict[str, float] = {}  # monotonic time each service's newest metrics arrived
         self.last_eval: EvalResult | None = None
         self.evals: list[EvalResult] = []
         self._window = (self.start, 0, 0)  # (time, env_steps, updates) at the last line
@@ -36,6 +37,7 @@ class Progress:
     def take(self, msg: Message) -> None:
         if isinstance(msg, Metrics):
             self.latest[msg.service] = msg.values
+            self.arrived[msg.service] = time.monotonic()
             self.record("metrics", {"service": msg.service, **msg.values})
         elif isinstance(msg, EvalResult):
             self.last_eval = msg

@@ -1,0 +1,194 @@
+"""Hardware probe and the start plan: how many samplers, envs, which batch and learner placement.
+
+`probe()` reads what this host offers (CPU cores this process may run on, memory, CUDA
+devices) without initialising CUDA in the supervisor: `nvidia-smi` answers, or, where a
+driver is present but that tool is not, a short torch subprocess. `plan(hardware, cfg,
+pinned)` is pure: it returns the values to use for every knob the user did not set, each
+with the reason, and `apply(cfg, choices)` makes the run's config from them.
+
+The CPU counters (`cpu_seconds`, `host_cpu`) are read here too: the tuner's measure of
+CPU use per process and of idle cores.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from common.config import Config, build, to_dict
+
+GIB = 1024 ** 3
+REPLAY_MEMORY_SHARE = 0.25  # most of the host memory the replay ring may take
+PROBE_TIMEOUT = 20.0  # seconds for nvidia-smi or the torch subprocess
+LEARNER_THREADS_MAX = 4  # a small MLP's update gains little from more intra-op threads
+SAMPLERS_MAX = 32
+GPU_BATCH = 1024  # a GPU update costs about the same at 256 and 1024: take the larger
+GPU_ENVS = 8  # GPU learners eat data fast: more envs per sampler amortise each actor call
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    name: str
+    memory_gib: float
+
+
+@dataclass(frozen=True)
+class Hardware:
+    cores: int  # CPU cores this process may run on
+    memory_gib: float  # total host memory
+    gpus: tuple[Gpu, ...] = ()
+
+    def describe(self) -> str:
+        gpus = ", ".join(f"cuda:{g.index} {g.name} {g.memory_gib:.0f} GiB" for g in self.gpus) or "no CUDA device"
+        return f"{self.cores} CPU cores, {self.memory_gib:.1f} GiB memory, {gpus}"
+
+
+@dataclass(frozen=True)
+class Choice:
+    key: str  # dotted config key
+    value: Any
+    reason: str
+
+
+# ------------------------------------------------------------------ probing
+
+def probe() -> Hardware:
+    return Hardware(cores=len(os.sched_getaffinity(0)), memory_gib=memory_gib(), gpus=cuda_devices())
+
+
+def memory_gib(meminfo: Path = Path("/proc/meminfo")) -> float:
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024 / GIB
+    except OSError:
+        pass
+    return 0.0  # unknown: the plan then leaves memory-bound values alone
+
+
+def cuda_devices() -> tuple[Gpu, ...]:
+    """CUDA devices from nvidia-smi, else from torch in a subprocess, else none."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index,name,memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=PROBE_TIMEOUT)
+        if out.returncode == 0:
+            return parse_nvidia_smi(out.stdout)
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    if not Path("/proc/driver/nvidia").exists():
+        return ()  # no driver: no CUDA device, and no torch import needed to know it
+    code = ("import torch\nfor i in range(torch.cuda.device_count()):\n"
+            " p = torch.cuda.get_device_properties(i)\n print(f'{i}, {p.name}, {p.total_memory // 2**20}')")
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=PROBE_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        return ()
+    return parse_nvidia_smi(out.stdout) if out.returncode == 0 else ()
+
+
+def parse_nvidia_smi(text: str) -> tuple[Gpu, ...]:
+    """Lines of 'index, name, memory MiB'; unreadable lines are skipped."""
+    gpus = []
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        try:
+            gpus.append(Gpu(int(parts[0]), ", ".join(parts[1:-1]), float(parts[-1]) / 1024))
+        except (ValueError, IndexError):
+            continue
+    return tuple(gpus)
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of a process (/proc/<pid>/stat), None when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (fields 14, 15)
+
+
+def host_cpu(stat: Path = Path("/proc/stat")) -> tuple[float, float]:
+    """(idle, total) CPU seconds of the whole host since boot, summed over its cores."""
+    try:
+        values = [int(v) for v in stat.read_text().splitlines()[0].split()[1:]]
+    except (OSError, IndexError, ValueError):
+        return 0.0, 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    return (values[3] + values[4]) / tick, sum(values[:8]) / tick  # idle + iowait; without guest time
+
+
+# ------------------------------------------------------------------ planning
+
+def plan(hw: Hardware, cfg: Config, pinned: frozenset[str], row_bytes: int) -> list[Choice]:
+    """The start values of every knob not in `pinned`, each with its reason (pure)."""
+    choices: list[Choice] = []
+    mode, actor_dev, critic_dev = cfg.learner.mode, cfg.learner.actor_device, cfg.learner.critic_device
+    placement = {"learner.mode", "learner.actor_device", "learner.critic_device"}
+    if not placement & pinned:
+        mode, actor_dev, critic_dev, why = placement_for(hw)
+        choices += [Choice("learner.mode", mode, why), Choice("learner.actor_device", actor_dev, why),
+                    Choice("learner.critic_device", critic_dev, why)]
+    on_gpu = actor_dev != "cpu" or (mode == "split" and critic_dev != "cpu")
+    learner_procs = 1 if mode == "fused" else 2
+    threads = cfg.learner.threads
+    if "learner.threads" not in pinned:
+        if on_gpu:
+            threads = 1
+            why = "the learner computes on the GPU: one CPU thread feeds it"
+        else:
+            threads = max(1, min(LEARNER_THREADS_MAX, hw.cores // 4))
+            why = f"{hw.cores} cores: a quarter to the learner's intra-op threads (1 to {LEARNER_THREADS_MAX})"
+        choices.append(Choice("learner.threads", threads, why))
+    spare = hw.cores - learner_procs * threads - 1  # one core for replay, evaluator and the supervisor
+    if "sampler.num_samplers" not in pinned:
+        n = max(1, min(SAMPLERS_MAX, spare))
+        choices.append(Choice("sampler.num_samplers", n,
+                              f"{hw.cores} cores - {learner_procs * threads} learner threads - 1 for replay, "
+                              f"evaluator and supervisor: {n} sampler process{'es' if n > 1 else ''}"))
+    if "sampler.envs_per_sampler" not in pinned:
+        envs = GPU_ENVS if on_gpu else cfg.sampler.envs_per_sampler
+        choices.append(Choice("sampler.envs_per_sampler", envs,
+                              "GPU learners: more envs per actor call" if on_gpu else
+                              "CPU learner: the default envs per sampler (the tuner grows it if sampling limits)"))
+    if "learner.batch_size" not in pinned:
+        batch = GPU_BATCH if on_gpu else cfg.learner.batch_size
+        choices.append(Choice("learner.batch_size", batch,
+                              f"GPU: {GPU_BATCH} costs about as much per update as 256" if on_gpu else
+                              "CPU: the default batch size (the tuner grows it while the learner limits)"))
+    if "replay.capacity" not in pinned and hw.memory_gib > 0:
+        fits = int(hw.memory_gib * GIB * REPLAY_MEMORY_SHARE // max(row_bytes, 1))
+        if fits < cfg.replay.capacity:
+            capacity = max(fits, cfg.replay.min_size)
+            choices.append(Choice("replay.capacity", capacity,
+                                  f"{cfg.replay.capacity:,} transitions of {row_bytes} bytes exceed "
+                                  f"{REPLAY_MEMORY_SHARE:.0%} of {hw.memory_gib:.3g} GiB memory"))
+    return choices
+
+
+def placement_for(hw: Hardware) -> tuple[str, str, str, str]:
+    """(mode, actor device, critic device, reason) for the CUDA devices found."""
+    if len(hw.gpus) >= 2:
+        a, c = hw.gpus[0].index, hw.gpus[1].index
+        return ("split", f"cuda:{a}", f"cuda:{c}",
+                f"{len(hw.gpus)} GPUs: split learners, actor on cuda:{a}, critic on cuda:{c}")
+    if len(hw.gpus) == 1:
+        g = hw.gpus[0].index
+        return "split", f"cuda:{g}", f"cuda:{g}", f"1 GPU: split learners both on cuda:{g} (their updates overlap)"
+    return "fused", "cpu", "cpu", "no CUDA device: the fused learner on CPU (no weight exchange between processes)"
+
+
+def apply(cfg: Config, choices: list[Choice]) -> Config:
+    """The config with every choice's value set, validated."""
+    data = to_dict(cfg)
+    for choice in choices:
+        section, _, key = choice.key.rpartition(".")
+        node = data[section] if section else data
+        node[key] = choice.value
+    new: Config = build(Config, data)
+    new.validate()
+    return new

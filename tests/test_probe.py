@@ -1,0 +1,104 @@
+"""services/supervisor/probe.py: the start plan for several hosts, pins, and the readings."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from common.config import given_keys
+from common.errors import ConfigError
+from services.supervisor.probe import (Gpu, Hardware, apply, cpu_seconds, host_cpu, memory_gib,
+                                       parse_nvidia_smi, plan, probe)
+from tests.helpers import config
+
+ROW = 168  # bytes of one HalfCheetah transition row
+
+
+def chosen(hw: Hardware, tmp_path: Path, *overrides: str) -> dict[str, object]:
+    cfg = config(tmp_path, *overrides)
+    pinned = given_keys(None, list(overrides))
+    choices = plan(hw, cfg, pinned, ROW)
+    assert all(c.reason for c in choices)
+    planned = apply(cfg, choices)  # the plan always makes a valid config
+    assert planned.learner.mode in ("fused", "split")
+    return {c.key: c.value for c in choices}
+
+
+H100 = Gpu(0, "NVIDIA H100", 80.0)
+
+
+@pytest.mark.parametrize("cores, samplers, threads", [(2, 1, 1), (16, 11, 4)])
+def test_cpu_host_fused_learner(tmp_path: Path, cores: int, samplers: int, threads: int) -> None:
+    got = chosen(Hardware(cores, 64.0), tmp_path)
+    assert (got["learner.mode"], got["learner.actor_device"], got["learner.critic_device"]) == ("fused", "cpu", "cpu")
+    assert (got["sampler.num_samplers"], got["learner.threads"]) == (samplers, threads)
+    assert got["learner.batch_size"] == 32  # the config's own (tests' small config): the tuner moves it on CPU
+
+
+def test_one_gpu_both_learners_on_it(tmp_path: Path) -> None:
+    got = chosen(Hardware(16, 64.0, (H100,)), tmp_path)
+    assert (got["learner.mode"], got["learner.actor_device"], got["learner.critic_device"]) == \
+        ("split", "cuda:0", "cuda:0")
+    assert got["learner.threads"] == 1 and got["sampler.num_samplers"] == 16 - 2 - 1
+    assert got["learner.batch_size"] == 1024 and got["sampler.envs_per_sampler"] == 8
+
+
+def test_two_gpus_split_learners(tmp_path: Path) -> None:
+    got = chosen(Hardware(32, 256.0, (H100, Gpu(1, "NVIDIA H100", 80.0))), tmp_path)
+    assert (got["learner.mode"], got["learner.actor_device"], got["learner.critic_device"]) == \
+        ("split", "cuda:0", "cuda:1")
+    assert got["sampler.num_samplers"] == 29
+
+
+def test_explicit_values_win(tmp_path: Path) -> None:
+    got = chosen(Hardware(16, 64.0, (H100,)), tmp_path, "learner.mode=fused", "sampler.num_samplers=3",
+                 "learner.batch_size=64")
+    assert not {"learner.mode", "learner.actor_device", "learner.critic_device",
+                "sampler.num_samplers", "learner.batch_size"} & set(got)
+    assert got["learner.threads"] == 4  # fused on CPU (the config's devices): CPU threads
+
+
+def test_replay_capacity_shrinks_to_fit_memory(tmp_path: Path) -> None:
+    assert "replay.capacity" not in chosen(Hardware(2, 0.5), tmp_path, "replay.capacity=5000000")  # set: kept
+    assert "replay.capacity" not in chosen(Hardware(2, 0.5), tmp_path)  # the config's own 5000 fit
+    cfg = config(tmp_path)
+    for memory, capacity in ((0.0001, int(0.0001 * 2 ** 30 / 4 / ROW)), (0.00001, cfg.replay.min_size)):
+        (cap,) = [c for c in plan(Hardware(2, memory), cfg, frozenset(), ROW) if c.key == "replay.capacity"]
+        assert cap.value == capacity and "exceed 25%" in cap.reason  # never below min_size
+
+
+def test_given_keys_reads_file_and_overrides(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("sampler: {num_samplers: 2}\nlearner:\n  batch_size: 128\n")
+    assert given_keys(path, ["replay.min_size=5", "env=Pendulum-v1"]) == {
+        "sampler.num_samplers", "learner.batch_size", "replay.min_size", "env"}
+    with pytest.raises(ConfigError, match="no-such.yaml"):
+        given_keys(tmp_path / "no-such.yaml")
+
+
+def test_bad_tuning_bounds_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="supervisor.min_batch_size=512 exceeds"):
+        config(tmp_path, "supervisor.min_batch_size=512", "supervisor.max_batch_size=256")
+    with pytest.raises(ConfigError, match="supervisor.tune_window=0"):
+        config(tmp_path, "supervisor.tune_window=0")
+
+
+def test_readings_of_this_host() -> None:
+    hw = probe()
+    assert hw.cores == len(os.sched_getaffinity(0)) and hw.memory_gib > 0
+    assert "CPU cores" in hw.describe()
+    used = cpu_seconds(os.getpid())
+    assert used is not None and used > 0
+    assert cpu_seconds(2 ** 22 + 12345) is None  # no such process
+    idle, total = host_cpu()
+    assert 0 <= idle <= total and total > 0
+    assert memory_gib(Path("/no/such/meminfo")) == 0.0
+
+
+def test_nvidia_smi_lines() -> None:
+    text = "0, NVIDIA H100 80GB HBM3, 81559\n1, NVIDIA A100-SXM4-40GB, 40960\ngarbage\n"
+    gpus = parse_nvidia_smi(text)
+    assert [(g.index, g.name) for g in gpus] == [(0, "NVIDIA H100 80GB HBM3"), (1, "NVIDIA A100-SXM4-40GB")]
+    assert gpus[1].memory_gib == pytest.approx(40.0)

@@ -1,0 +1,140 @@
+"""The tuner's actuators on a running training: real supervisor, real service processes.
+
+Pendulum with a tiny config; tuning itself is off (supervisor.tune=false) so the test
+drives the actuators the tuner uses and checks each change reaches the running services:
+a sampler started at runtime registers and its steps reach replay, the batch size
+reaches the learner, envs per sampler reach the samplers, and a retired sampler leaves
+cleanly without a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from common.config import given_keys
+from services.supervisor.main import Supervisor
+from services.supervisor.probe import plan, probe
+from services.supervisor.tuner import Setting
+from tests.helpers import config
+
+ROOT = Path(__file__).resolve().parents[1]
+OVERRIDES = ["supervisor.tune=false", "supervisor.heartbeat_interval=1.0", "supervisor.progress_every=60",
+             "eval.every_updates=100000", "replay.min_size=200", "learner.batch_size=32"]
+
+
+def newest(sup: Supervisor, service: str, key: str) -> Any:
+    progress = getattr(sup, "progress", None)  # made by run()
+    return progress.latest.get(service, {}).get(key) if progress else None
+
+
+async def until(probe_fn: Any, what: str, timeout: float = 90.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = probe_fn()
+        if got:
+            return got
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{what} not seen within {timeout:.0f}s")
+
+
+@pytest.mark.timeout(300)
+def test_running_training_takes_tuning_actions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    cfg = config(run_dir, *OVERRIDES)
+    choices = plan(probe(), cfg, given_keys(None, OVERRIDES), 4 * 11)
+    sup = Supervisor(cfg, quiet=True, pinned=given_keys(None, OVERRIDES), plan=choices)
+    assert sup.tuning is not None
+    seen: dict[str, Any] = {}
+
+    async def body() -> int:
+        task = asyncio.ensure_future(sup.run())
+        try:
+            await drive(sup, seen)
+        finally:
+            sup.stop("test done")
+        return await asyncio.wait_for(task, 120)
+
+    assert asyncio.run(body()) == 0
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    events = [r for r in rows if r["kind"] == "event"]
+    assert not [e for e in events if e["event"] in ("restart", "give_up")], events
+    planned = {e["key"] for e in events if e["event"] == "plan"}
+    assert {"learner.mode", "sampler.num_samplers"} <= planned  # published, each with its reason
+    assert "learner.batch_size" not in planned  # set explicitly: pinned
+    assert all(e["reason"] for e in events)
+    new_sampler = [r for r in rows if r["kind"] == "metrics" and r["service"] == "sampler-1"]
+    assert new_sampler and new_sampler[-1]["env_steps"] > 0
+    assert seen["retired_rc"] == 0 and "sampler-1" not in json.loads((run_dir / "services.json").read_text())
+
+
+async def drive(sup: Supervisor, seen: dict[str, Any]) -> None:
+    assert sup.tuning is not None
+    await until(lambda: (newest(sup, "learner", "updates") or 0) > 5, "learner updates")
+    inserted = newest(sup, "replay", "inserted")
+    await sup.tuning.change(Setting(samplers=2, envs=3, batch=64))
+    assert sup.cfg.sampler.num_samplers == 2 and sup.cfg.learner.batch_size == 64
+    child = sup.children["sampler-1"]
+    await until(lambda: child.registered, "sampler-1 registration")
+    await until(lambda: (newest(sup, "sampler-1", "env_steps") or 0) > 0, "sampler-1 steps")
+    await until(lambda: newest(sup, "learner", "batch_size") == 64, "learner batch size 64")
+    await until(lambda: newest(sup, "sampler-0", "envs") == 3 and newest(sup, "sampler-1", "envs") == 3,
+                "3 envs in every sampler")
+    steps_1 = newest(sup, "sampler-1", "env_steps")
+    await until(lambda: newest(sup, "replay", "inserted") > inserted + steps_1, "sampler-1's steps in replay")
+    await sup.tuning.change(Setting(samplers=1, envs=3, batch=64))
+    assert "sampler-1" not in sup.children
+    await until(lambda: child.proc is not None and child.proc.poll() is not None, "sampler-1 exit", 30)
+    seen["retired_rc"] = child.proc.returncode  # type: ignore[union-attr]
+    await asyncio.sleep(1.0)  # the watch loop must not restart it
+    assert "sampler-1" not in sup.children and not sup.retiring
+
+
+def test_a_sampler_joining_after_the_warm_up_skips_it(tmp_path: Path) -> None:
+    from proto.messages import Metrics
+    from services.supervisor.processes import Child, ServiceSpec
+    from services.supervisor.progress import Progress
+
+    sup = Supervisor(config(tmp_path, "sampler.warmup_steps=1000", "sampler.num_samplers=2"), quiet=True)
+    sup.progress = Progress(tmp_path / "metrics.jsonl", 10_000, 0.0)
+    sampler, replay = Child(ServiceSpec("sampler-5", "sampler", "services.sampler")), sup.children["replay"]
+    sup.progress.take(Metrics("replay", {"inserted": 400}))
+    assert sup.welcome_config(sampler)["sampler"]["warmup_steps"] == 1000  # its share: 1000 // 2
+    sup.progress.take(Metrics("replay", {"inserted": 1000}))
+    assert sup.welcome_config(sampler)["sampler"]["warmup_steps"] == 0
+    assert sup.welcome_config(replay)["sampler"]["warmup_steps"] == 1000  # other roles see the run's config
+    sup.progress.close()
+    shutil.rmtree(sup.sock_dir)  # made by the constructor; run() would remove it
+
+
+@pytest.mark.timeout(300)
+def test_spreeze_train_tunes_and_publishes_each_decision(tmp_path: Path) -> None:
+    """`spreeze train supervisor.tune=true`: the whole loop in a real run, short windows."""
+    import subprocess
+    import sys
+
+    run = tmp_path / "tuned"
+    cmd = [sys.executable, "-m", "common.cli", "train", "--run-dir", str(run), "--env", "Pendulum-v1",
+           "--time-limit", "45", "replay.min_size=500", "sampler.warmup_steps=500", "eval.every_updates=100000",
+           "supervisor.tune=true", "supervisor.tune_window=3", "supervisor.tune_settle=1",
+           "supervisor.progress_every=60", "learner.threads=1"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    events = [r for r in rows if r["kind"] == "event"]
+    plans = {e["key"]: e for e in events if e["event"] == "plan"}
+    assert "learner.threads" not in plans and "sampler.num_samplers" in plans  # set on the command line: kept
+    tunes = [e for e in events if e["event"] == "tune"]
+    assert tunes and tunes[0]["action"] == "try", events  # within 45 s the tuner tried something
+    for e in tunes:
+        assert e["reason"] and e["frame_rate"] > 0 and 0.0 <= e["insert_stall"] <= 1.0
+    assert not [e for e in events if e["event"] in ("restart", "give_up")]
+    assert "event tune:" in proc.stdout and "event plan:" in proc.stdout

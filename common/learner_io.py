@@ -26,6 +26,7 @@ class BatchStream:
 
     On CPU the tensor is a view of the received frame (no copy); on CUDA one pinned
     host-to-device copy per batch, then the columns are views of the device matrix.
+    When replay restarts (the socket reconnects) the requests it held are gone: ask again.
     """
 
     def __init__(self, channel: Channel, layout: TransitionLayout, batch_size: int,
@@ -36,25 +37,32 @@ class BatchStream:
         self.in_flight = 0
         self.inserted = 0  # env steps replay had seen at the newest batch
         self.wait_s = 0.0  # time spent waiting for batches (transport + rate limiting)
+        channel.watch_connects()
 
-    async def next(self, stop: asyncio.Event) -> Batch | None:
-        """Next batch, or None once `stop` is set."""
-        await asyncio.sleep(0)  # a ready socket never yields: let heartbeats and control run
+    async def request(self) -> None:
+        if self.channel.reconnected():
+            self.in_flight = 0  # held by a replay that is gone
         while self.in_flight < self.prefetch:
             self.next_id += 1
             await self.channel.send(SampleRequest(self.next_id, self.batch_size))
             self.in_flight += 1
+
+    async def next(self, stop: asyncio.Event) -> Batch | None:
+        """Next batch, or None once `stop` is set."""
+        await asyncio.sleep(0)  # a ready socket never yields: let heartbeats and control run
+        await self.request()
         t0 = time.perf_counter()
         try:
             while not stop.is_set():
                 try:
                     _, msg = await self.channel.recv(timeout=0.2)
                 except TransportTimeout:
+                    await self.request()
                     continue
                 if isinstance(msg, Error):
                     raise PeerError(f"replay refused a sample request: {msg.code}: {msg.detail}")
                 if isinstance(msg, SampledBatch):
-                    self.in_flight -= 1
+                    self.in_flight = max(0, self.in_flight - 1)
                     self.inserted = msg.inserted
                     return self.to_batch(msg)
             return None

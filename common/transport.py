@@ -17,6 +17,7 @@ from typing import Any
 
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
 
 from common.codec import DEFAULT_LIMITS, Encoder, Limits, decode
 from common.errors import ConfigError, ProtocolError, TransportTimeout
@@ -40,10 +41,11 @@ class Role:
 
 # name -> (role of the binding end, role of the connecting end). Rationale per line.
 ROLES: dict[str, tuple[Role, Role]] = {
-    # Experience must never be dropped: PUSH blocks at the HWM (back-pressure to samplers).
-    # Small on purpose: every queued batch is data from an older policy that the replay's
-    # rate limiter cannot see; 2 + 2 batches (plus kernel buffers) absorb jitter.
-    "experience": (Role(zmq.PULL, True, 2, 0), Role(zmq.PUSH, False, 2, 2000)),
+    # Experience is acknowledged (DEALER -> ROUTER, acks back): a sampler keeps at most
+    # sampler.ack_window unacknowledged batches in flight (credit flow control, which keeps
+    # queued data fresh) and re-sends after a replay restart. The HWM only has to hold a
+    # window plus one re-sent window (config caps the window at 8).
+    "experience": (Role(zmq.ROUTER, True, 16, 0), Role(zmq.DEALER, False, 16, 2000)),
     # Request/reply: learners keep a few requests in flight (prefetch); 16 is plenty.
     "sample": (Role(zmq.ROUTER, True, 16, 0), Role(zmq.DEALER, False, 16, 0)),
     # Weights: only the newest matters, so tiny HWMs let stale versions drop at the PUB.
@@ -189,6 +191,25 @@ class Channel:
             self.now.send_multipart([peer, *frames], flags=zmq.NOBLOCK)
         except zmq.ZMQError:
             pass  # the peer is gone or slow; the error is counted and logged already
+
+    # ---------------------------------------------------------- reconnections
+    def watch_connects(self) -> None:
+        """Start counting this (connecting) socket's connections with a ZeroMQ socket monitor."""
+        self.connects = 0
+        self._monitor = zmq.Socket.shadow(self.sock.get_monitor_socket(zmq.EVENT_CONNECTED).underlying)
+
+    def reconnected(self) -> bool:
+        """Whether a connection was made since the last call, other than the first one ever:
+        the peer restarted, and what was queued to or held by its old incarnation is gone."""
+        again = False
+        while True:
+            try:
+                event = parse_monitor_message(self._monitor.recv_multipart(flags=zmq.NOBLOCK))
+            except zmq.Again:
+                return again
+            if event["event"] == zmq.EVENT_CONNECTED:
+                self.connects += 1
+                again = again or self.connects > 1
 
     def close(self) -> None:
         self.sock.close()

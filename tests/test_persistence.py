@@ -1,0 +1,221 @@
+"""Replay persistence: exact snapshot/restore, incremental segments, torn snapshots, the
+ledger's identity, dedup of re-sent batches, and the sampler's outbox."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from proto.messages import Experience, ExperienceAck
+from services.replay.main import Replay
+from services.replay.snapshot import complete_snapshots
+from services.sampler.outbox import Outbox
+from tests.helpers import Harness, config, experience, layout_of, run
+
+pytestmark = pytest.mark.timeout(60)
+SNAP = ["replay.snapshot_every_s=1000", "replay.update_to_data=0"]  # snapshots on when a test asks; no ratio
+
+
+def fill(r: Replay, batches: list[int], sender: str = "sampler-0", seed: int = 0) -> None:
+    layout = layout_of(r.cfg)
+    for i, n in enumerate(batches):
+        r.insert(experience(layout, n, seed=seed + i), sender)
+
+
+def snapshot_now(r: Replay) -> dict:
+    assert r.snapshots is not None
+    r.snapshots.begin(r.buffer, r.snapshot_meta())
+    meta = r.snapshots.write_all(r.buffer, r.ledger.owner)
+    assert meta is not None
+    r.snapshot_done(meta)
+    return meta
+
+
+def fresh(h: Harness, sid: str = "replay") -> Replay:
+    r = h.build(Replay, sid)
+    from services.replay.snapshot import SnapshotWriter
+    r.snapshots = SnapshotWriter(r.snapshot_dir)
+    return r
+
+
+def check_identity(r: Replay) -> None:
+    counted = r.ledger.counted_stored(r.buffer.size)
+    for sender, book in r.ledger.books.items():
+        assert book["inserted"] == book["stored"] + book["evicted"] + book["rejected"], (sender, book)
+        assert book["stored"] == counted[sender], (sender, book, counted)
+
+
+def test_snapshot_then_restore_is_exact(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with Harness(config(tmp_path, *SNAP)) as h:  # capacity 5000
+            r = fresh(h)
+            fill(r, [700] * 4)
+            snapshot_now(r)
+            fill(r, [900] * 3, sender="sampler-1", seed=10)  # wraps the ring: rows evicted
+            bad = experience(layout_of(r.cfg), 5)
+            bad.transitions[0, 0] = np.nan
+            r.insert(bad, "sampler-1")
+            r.buffer.sample_packed(100)  # the RNG moves
+            r.limiter.sample(64)
+            meta = snapshot_now(r)
+            assert meta["k"] == 2 and len(meta["segments"]) == 2  # the second wrote only the new rows
+            check_identity(r)
+            expect_rows = r.buffer.row_views(r.buffer.inserted - r.buffer.size, r.buffer.inserted)
+            expect_rows = np.concatenate(expect_rows)
+            expect_next = r.buffer.sample_packed(50).copy()
+
+            r2 = fresh(h, "replay-2")
+            assert r2.restore()
+            b1, b2 = r.buffer, r2.buffer
+            assert (b2.size, b2.position, b2.inserted, b2.evicted) == (b1.size, b1.position, b1.inserted,
+                                                                       b1.evicted)
+            assert b2.sampled == b1.sampled - 50  # as at the snapshot
+            got_rows = np.concatenate(b2.row_views(b2.inserted - b2.size, b2.inserted))
+            np.testing.assert_array_equal(got_rows, expect_rows)
+            np.testing.assert_array_equal(r2.ledger.owner, r.ledger.owner)
+            np.testing.assert_array_equal(b2.sample_packed(50), expect_next)  # same RNG stream
+            assert r2.limiter.state_dict() == r.limiter.state_dict()
+            assert r2.ledger.books == r.ledger.books and r2.rejected == r.rejected == 5
+            check_identity(r2)
+    run(body(), timeout=30)
+
+
+def test_segments_no_longer_needed_are_deleted(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with Harness(config(tmp_path, *SNAP)) as h:
+            r = fresh(h)
+            for i in range(6):
+                fill(r, [1500], seed=i)
+                snapshot_now(r)
+            files = sorted(p.name for p in r.snapshot_dir.iterdir())
+            assert sorted(complete_snapshots(r.snapshot_dir)) == [5, 6]
+            segs = [f for f in files if f.startswith("seg-")]
+            needed = {s[2] for k in (5, 6) for s in json.loads((r.snapshot_dir / f"snap-{k:06d}.json")
+                                                             .read_text())["segments"]}
+            assert set(segs) == needed and len(segs) <= 5  # 5000 rows in 1500-row segments
+    run(body(), timeout=30)
+
+
+def test_snapshot_without_marker_is_ignored(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with Harness(config(tmp_path, *SNAP)) as h:
+            r = fresh(h)
+            fill(r, [300])
+            first = snapshot_now(r)
+            fill(r, [300], seed=5)
+            snapshot_now(r)
+            (r.snapshot_dir / "snap-000002.done").unlink()  # as if killed before the marker
+            r2 = fresh(h, "replay-2")
+            assert r2.restore()
+            assert r2.buffer.size == first["size"] == 300 and r2.limiter.inserts == 300
+    run(body(), timeout=30)
+
+
+KILLED_WRITER = """
+import sys, time, numpy as np
+from pathlib import Path
+from common.replay_buffer import ReplayBuffer
+from services.replay.snapshot import SnapshotWriter
+b = ReplayBuffer(400_000, 17, 6, seed=0)
+owner = np.zeros(b.capacity, np.uint16)
+d = Path(sys.argv[1])
+w = SnapshotWriter(d)
+b.add_rows(np.ones((1000, b.width), np.float32))
+w.begin(b, {"buffer": b.counters(), "rng": b.rng_state(), "limiter": {}, "ledger": {}, "rejected": 0})
+w.write_all(b, owner)
+b.add_rows(np.random.default_rng(0).standard_normal((400_000, b.width), dtype=np.float32))
+print("first done", flush=True)
+while True:  # snapshot after snapshot of the whole ring until killed
+    w.begin(b, {"buffer": b.counters(), "rng": b.rng_state(), "limiter": {}, "ledger": {}, "rejected": 0})
+    while w.pending is not None and w.pending.copied < w.pending.end:
+        w.step(b, owner, rows=2048)
+        time.sleep(0.001)
+    w.write_all(b, owner)
+    w.last = None  # always the whole ring again: long writes
+"""
+
+
+def test_snapshot_killed_mid_write_is_ignored_and_the_previous_one_used(tmp_path: Path) -> None:
+    """A real process writing snapshots is SIGKILLed while a segment is half written."""
+    d = tmp_path / "replay"
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(d)], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "first done"
+        deadline = time.monotonic() + 30
+        while not list(d.glob(".seg-*.tmp")):  # a segment is being written right now
+            assert time.monotonic() < deadline, "no segment was being written"
+            time.sleep(0.005)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    from common.replay_buffer import ReplayBuffer
+    from services.replay.snapshot import SnapshotWriter, load_latest
+    b = ReplayBuffer(400_000, 17, 6, seed=0)
+    owner = np.zeros(b.capacity, np.uint16)
+    done = sorted(complete_snapshots(d))
+    meta = load_latest(d, b, owner)
+    assert meta is not None and meta["k"] == done[-1]  # the newest COMPLETE one
+    assert b.size == meta["size"]
+    SnapshotWriter(d)  # a restarted replay removes the torn leftovers
+    assert not list(d.glob(".*.tmp"))
+
+
+def test_ledger_identity_with_evictions_rejections_and_duplicates(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with Harness(config(tmp_path, "replay.update_to_data=0")) as h:
+            r = h.build(Replay)
+            layout = layout_of(r.cfg)
+            statuses = []
+            for i in range(1, 16):  # 15 x 600 rows from two samplers into 5000: evictions
+                for sender in ("sampler-0", "sampler-1"):
+                    msg = experience(layout, 600, seed=i)
+                    msg.batch = i
+                    if i == 7 and sender == "sampler-1":
+                        msg.transitions[3, 3] = np.inf
+                    statuses.append(r.receive(msg, sender, "s1", b""))
+            dup = experience(layout, 600, seed=3)
+            dup.batch = 3
+            assert r.receive(dup, "sampler-0", "s1", b"") == "duplicate"
+            gap = experience(layout, 600, seed=20)
+            gap.batch = 17
+            assert r.receive(gap, "sampler-0", "s1", b"") == "gap"
+            assert r.receive(experience(layout, 600), "sampler-0", "s2", b"") == "stored"  # unnumbered
+            assert statuses.count("rejected") == 1
+            check_identity(r)
+            books = r.ledger.books
+            assert books["sampler-0"]["duplicates"] == 600 and books["sampler-0"]["inserted"] == 16 * 600
+            assert books["sampler-1"]["rejected"] == 600 and books["sampler-1"]["evicted"] > 0
+            assert sum(b["stored"] for b in books.values()) == r.buffer.size == 5000
+            m = r.ledger.metrics()
+            assert m["ledger/sampler-1/rejected"] == 600
+    run(body())
+
+
+def test_outbox_credit_durability_and_resends() -> None:
+    box = Outbox(window=2, timeout=0.05)
+    layout_rows = np.zeros((4, 9), np.float32)
+    msgs = [box.add(Experience(layout_rows.copy(), 3, 1, env_steps=4 * i)) for i in range(1, 3)]
+    assert [m.batch for m in msgs] == [1, 2] and not box.has_credit()
+    assert not box.on_ack(ExperienceAck(1, "stored", 1, 0))
+    assert box.has_credit() and len(box.kept) == 2  # stored but not durable: kept
+    box.add(Experience(layout_rows.copy(), 3, 1, env_steps=12))
+    assert not box.on_ack(ExperienceAck(0, "snapshot", 1, 1))
+    assert [m.batch for m in box.kept] == [2, 3]
+    assert box.on_ack(ExperienceAck(3, "gap", 1, 1))  # replay lacks batch 2: go back
+    assert [m.batch for m in box.resend()] == [2, 3]
+    assert not box.on_ack(ExperienceAck(3, "gap", 1, 1))  # a gap report from before the re-send
+    time.sleep(0.1)
+    assert box.timed_out(time.monotonic())
+    box.on_ack(ExperienceAck(3, "stored", 3, 3))
+    assert not box.kept and box.unstored == 0 and not box.timed_out(time.monotonic() + 1)

@@ -6,8 +6,11 @@ Definitions, per sender (all in transitions):
   evicted    rows of this sender overwritten in the ring (or cut from an oversized batch)
   stored     rows of this sender in the ring now
   duplicates rows of batches seen before (re-sends), dropped without storing
+  env_steps  sum over the sender's sessions of the env_steps field of its newest batch
 so that inserted = stored + evicted + rejected holds exactly; `counted_stored` counts
-`stored` independently from the owner column, to check it.
+`stored` independently from the owner column, to check it. For a sampler (one row per
+env step, env_steps counted per session) inserted = env_steps means nothing was lost
+and nothing stored twice.
 
 Dedup: batches of one (sender, session) arrive in order, so the table keeps only the
 highest batch number stored per session (`stored`), and the highest one inside a
@@ -33,6 +36,7 @@ class Session:
     peer: bytes  # ROUTER routing id of its socket (changes when it reconnects)
     stored: int = 0  # highest batch stored or rejected; all lower ones too
     durable: int = 0  # highest batch inside a complete snapshot
+    env_steps: int = 0  # the sender's env_steps in its newest batch stored or rejected
 
 
 class Ledger:
@@ -101,20 +105,25 @@ class Ledger:
         return {name: int(counts[i + 1]) for i, name in enumerate(self.senders)}
 
     def metrics(self) -> dict[str, int]:
-        return {f"ledger/{name}/{k}": int(v) for name, book in self.books.items() for k, v in book.items()}
+        out = {f"ledger/{name}/{k}": int(v) for name, book in self.books.items() for k, v in book.items()}
+        for (sender, _), s in self.sessions.items():
+            key = f"ledger/{sender}/env_steps"
+            out[key] = out.get(key, 0) + s.env_steps
+        return out
 
     # ---------------------------------------------------------------- snapshots
     def state(self) -> dict[str, Any]:
         """Everything but the owner column (saved with the rows): plain msgpack-able data."""
         return {"senders": list(self.senders), "books": {k: dict(v) for k, v in self.books.items()},
-                "sessions": [[sender, sess, s.stored, s.durable] for (sender, sess), s in self.sessions.items()]}
+                "sessions": [[sender, sess, s.stored, s.durable, s.env_steps]
+                             for (sender, sess), s in self.sessions.items()]}
 
     def load(self, state: dict[str, Any]) -> None:
         self.senders = list(state["senders"])
         self.index = {name: i + 1 for i, name in enumerate(self.senders)}
         self.books = {k: Counter(v) for k, v in state["books"].items()}
-        self.sessions = {(sender, sess): Session(b"", stored, durable)
-                         for sender, sess, stored, durable in state["sessions"]}
+        self.sessions = {(sender, sess): Session(b"", stored, durable, steps)
+                         for sender, sess, stored, durable, steps in state["sessions"]}
 
 
 def _spans(start: int, n: int, capacity: int) -> list[tuple[int, int]]:

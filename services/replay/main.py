@@ -130,7 +130,7 @@ class Replay(Service):
         assert self.snapshots is not None
         self.snap_stats["snapshots"] += 1
         self.snap_stats["snapshot_s"] = self.snapshots.took_s
-        for sender, sess, stored, _ in meta["ledger"]["sessions"]:
+        for sender, sess, stored, *_ in meta["ledger"]["sessions"]:
             session = self.ledger.sessions.get((sender, sess))
             if session is not None and stored > session.durable:
                 session.durable = stored
@@ -218,7 +218,7 @@ class Replay(Service):
             status = "gap"  # an earlier batch was lost with a dead connection: the sampler goes back
         else:
             status = "stored" if self.insert(msg, sender) else "rejected"
-            s.stored = msg.batch or s.stored
+            s.stored, s.env_steps = msg.batch or s.stored, msg.env_steps
         self.ack(s, msg.batch, status)
         return status
 

@@ -51,6 +51,7 @@ class Sampler(Service):
         self.warmup = sc.warmup_steps // sc.num_samplers
         self.actor: NumpyActor | None = None
         self.actor_version = -1
+        self.run_env_steps = 0  # env steps of the whole run when the newest actor was published
         self.returns: list[float] = []
         self.lengths: list[int] = []
         self.pushed = 0
@@ -113,6 +114,12 @@ class Sampler(Service):
         else:
             self.actor.load(state)
         self.actor_version = msg.version
+        self.run_env_steps = int(msg.extras.get("env_steps", 0))
+
+    @property
+    def warmed_up(self) -> bool:
+        """Past its share of the random warm-up, or the run is (a restarted sampler, a resumed run)."""
+        return self.envs.steps >= self.warmup or self.run_env_steps >= self.cfg.sampler.warmup_steps
 
     def collect(self) -> Experience:
         """Step all envs steps_per_push times into a new matrix (the last one may still be in flight)."""
@@ -121,7 +128,7 @@ class Sampler(Service):
         rows = np.empty((steps * n_env, self.layout.width), np.float32)
         returns, lengths = [], []
         for t in range(steps):
-            explore = self.actor is not None and self.envs.steps >= self.warmup
+            explore = self.actor is not None and self.warmed_up
             actions = (self.actor.act(self.envs.obs, self.rng, explore=True) if explore  # type: ignore[union-attr]
                        else self.envs.random_actions(self.rng))
             for ret, length in self.envs.step(actions, rows[t * n_env:(t + 1) * n_env]):
@@ -130,7 +137,7 @@ class Sampler(Service):
         self.returns += returns
         self.lengths += lengths
         self.pushed += 1
-        version = self.actor_version if self.envs.steps > self.warmup else -1
+        version = self.actor_version if self.actor is not None and self.warmed_up else -1
         return Experience(rows, self.layout.obs_dim, self.layout.act_dim, self.envs.steps, version,
                           returns, lengths)
 

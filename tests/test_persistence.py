@@ -219,3 +219,120 @@ def test_outbox_credit_durability_and_resends() -> None:
     assert box.timed_out(time.monotonic())
     box.on_ack(ExperienceAck(3, "stored", 3, 3))
     assert not box.kept and box.unstored == 0 and not box.timed_out(time.monotonic() + 1)
+
+
+# ------------------------------------------------------------------ real processes
+
+def ledger_of(run_dir: Path, sender: str) -> dict[str, int]:
+    from tests.test_integration import records
+    rows = [r for r in records(run_dir, "metrics") if r.get("service") == "replay"
+            and f"ledger/{sender}/inserted" in r]
+    assert rows, "replay published no ledger"
+    last = rows[-1]
+    return {k: last[f"ledger/{sender}/{k}"] for k in ("inserted", "stored", "evicted", "rejected",
+                                                       "duplicates", "env_steps")}
+
+
+def final_snapshot_rows(run_dir: Path) -> np.ndarray:
+    from services.replay.snapshot import _read_meta
+    d = run_dir / "replay"
+    meta = _read_meta(d, max(complete_snapshots(d)))
+    parts = []
+    for first, end, name in meta["segments"]:
+        with open(d / name, "rb") as f:
+            parts.append(np.load(f)[max(0, meta["rows"] - meta["size"] - first):])
+    return np.concatenate(parts)
+
+
+@pytest.mark.timeout(400)
+def test_replay_sigkilled_mid_training_restores_and_nothing_is_lost_or_duplicated(tmp_path: Path) -> None:
+    from tests.test_integration import FAST, env_steps, records, registered_pid, wait_for
+    run_dir = tmp_path / "kill-replay"
+    cmd = [sys.executable, "-m", "common.cli", "train", "--run-dir", str(run_dir), *FAST, "--total-steps", "5000",
+           "supervisor.backoff=0.5", "replay.snapshot_every_s=1", "sampler.ack_timeout=3"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        pid = wait_for(lambda: registered_pid(run_dir, "replay"), 90)
+        wait_for(lambda: True if env_steps(run_dir) >= 1500 and complete_snapshots(run_dir / "replay") else None, 120)
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: p if (p := registered_pid(run_dir, "replay")) not in (None, pid) else None, 60)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out
+    restarts = [e for e in records(run_dir, "event") if e.get("event") == "restart"]
+    assert [e.get("service") for e in restarts] == ["replay"], restarts
+    log_text = (run_dir / "logs" / "replay.log").read_text()
+    assert "restored replay snapshot" in log_text
+    sampler_log = (run_dir / "logs" / "sampler-0.log").read_text()
+    assert "re-sending" in sampler_log  # what the dead replay held was sent again
+    book = ledger_of(run_dir, "sampler-0")
+    assert book["inserted"] == book["stored"] + book["evicted"] + book["rejected"], book
+    assert book["rejected"] == 0 and book["evicted"] == 0, book  # capacity 1e6 > budget
+    assert book["inserted"] == book["env_steps"] >= 5000, book  # every env step stored exactly once
+    rows = final_snapshot_rows(run_dir)
+    assert len(rows) == book["stored"]
+    assert len(np.unique(rows, axis=0)) == len(rows)  # no transition stored twice
+    assert env_steps(run_dir) >= 5000
+
+
+def evals_by_session(run_dir: Path) -> list[list[dict]]:
+    """Eval records of each supervisor session (a "start" record opens one)."""
+    path = run_dir / "metrics.jsonl"
+    sessions: list[list[dict]] = []
+    for line in path.read_text().splitlines():
+        r = json.loads(line)
+        if r["kind"] == "start":
+            sessions.append([])
+        elif r["kind"] == "eval":
+            sessions[-1].append(r)
+    return sessions
+
+
+@pytest.mark.timeout(600)
+def test_sigterm_a_whole_run_then_resume_continues_where_it_stopped(tmp_path: Path) -> None:
+    import torch
+
+    from tests.test_integration import FAST, LEARNED, env_steps, records, wait_for
+    run_dir = tmp_path / "resume"
+    cmd = [sys.executable, "-m", "common.cli", "train", "--run-dir", str(run_dir), *FAST, "--total-steps", "100000",
+           "replay.snapshot_every_s=5"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: True if env_steps(run_dir) >= 6000 and len(records(run_dir, "eval")) >= 2 else None, 300)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0 and "stopped: signal SIGTERM" in out, out
+    stopped_steps = env_steps(run_dir)
+    stopped_updates = torch.load(run_dir / "checkpoints" / "learner.pt", weights_only=False)["updates"]
+    assert stopped_updates > 0
+    before = evals_by_session(run_dir)[0]
+
+    refused = subprocess.run([sys.executable, "-m", "common.cli", "train", "--resume", str(run_dir),
+                              "learner.batch_size=64"], capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "learner.batch_size" in refused.stderr, refused.stderr
+    again = subprocess.run([sys.executable, "-m", "common.cli", "train", "--run-dir", str(run_dir)],
+                           capture_output=True, text=True, timeout=60)
+    assert again.returncode == 2 and "--resume" in again.stderr, again.stderr
+
+    resumed = subprocess.run([sys.executable, "-m", "common.cli", "train", "--resume", str(run_dir),
+                              "--total-steps", str(stopped_steps + 3000)], capture_output=True, text=True,
+                             timeout=400)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "restoring" in (run_dir / "logs" / "learner.log").read_text()
+    replay_rows = [r for r in records(run_dir, "metrics") if r.get("service") == "replay"]
+    after_start = [r for r in replay_rows if r["restored_rows"] > 0]
+    assert after_start and after_start[0]["inserted"] >= stopped_steps  # env steps continue
+    assert after_start[0]["restored_rows"] == stopped_steps
+    learner_rows = [r for r in records(run_dir, "metrics") if r.get("service") == "learner"]
+    assert learner_rows[-1]["updates"] > stopped_updates  # updates continue from the checkpoint
+    sessions = evals_by_session(run_dir)
+    assert len(sessions) == 2 and sessions[1], sessions
+    assert min(e["updates"] for e in sessions[1]) > stopped_updates
+    noise = 300.0  # Pendulum returns of one policy vary by a few hundred over start states
+    assert sessions[1][0]["return_mean"] >= before[-1]["return_mean"] - noise, (before, sessions[1])
+    assert max(e["return_mean"] for e in sessions[1]) > LEARNED, sessions[1]

@@ -105,7 +105,7 @@ def garbage_messages() -> list[tuple[str, list[bytes]]]:
 def run_bad_sampler(endpoint: str) -> None:
     """Child: a misbehaving peer sending raw frames that break the protocol."""
     ctx = zmq.Context()
-    sock = ctx.socket(zmq.PUSH)
+    sock = ctx.socket(zmq.DEALER)  # the connecting end of ROLES["experience"]
     sock.connect(endpoint)
     for _, frames in garbage_messages():
         sock.send_multipart(frames)
@@ -253,7 +253,7 @@ def test_unknown_message_type_is_counted_and_skipped(ipc_dir: str) -> None:
     async def main() -> None:
         ctx = zmq.asyncio.Context()
         pull = Channel(ctx, "experience", ipc_endpoint(ipc_dir, "e"), binding=True, encoder=Encoder("r"))
-        push = ctx.socket(zmq.PUSH)
+        push = ctx.socket(zmq.DEALER)
         push.connect(pull.endpoint)
         try:
             enc = Encoder("future-sampler")
@@ -358,8 +358,8 @@ def test_bad_endpoint_scheme_is_a_config_error(endpoint: str) -> None:
 
 
 def test_experience_rides_a_socket_that_never_drops() -> None:
-    bind, connect = ROLES["experience"]
-    assert (bind.kind, connect.kind) == (zmq.PULL, zmq.PUSH)
+    bind, connect = ROLES["experience"]  # DEALER blocks at its HWM; acks come back on the same pair
+    assert (bind.kind, connect.kind) == (zmq.ROUTER, zmq.DEALER)
     for name, (b, c) in ROLES.items():
         assert b.bind and not c.bind, name
 

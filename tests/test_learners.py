@@ -187,3 +187,25 @@ def test_split_pair_keeps_going(tmp_path: Path, max_lag: int) -> None:
             assert cl.critic.updates >= 24
             assert cl.critic.updates - cl.actor_seen <= max_lag + 1
     run(body())
+
+
+def test_a_restarted_critic_learner_continues_from_its_checkpoint(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with Harness(config(tmp_path, *SPLIT, "learner.max_lag=4")) as h:
+            await replay_with(h)
+            cl = h.build(CriticLearner)
+            task = h.start(cl.serve())
+            assert await settle(lambda: cl.critic.updates if hasattr(cl, "critic") else 0, 5) == 5
+            await h.stop(cl, task)
+            await cl.close()  # what SIGTERM and shutdown do: a final checkpoint
+            saved = cl.critic.save()
+            again = h.build(CriticLearner, "critic_learner")
+            h.start(again.serve())
+            await until(lambda: hasattr(again, "critic"), what="critic built")
+            assert again.critic.updates == 5  # then it waits at max_lag for a newer actor
+            for name, value in again.critic.save()["critic"].items():
+                torch.testing.assert_close(value, saved["critic"][name])
+            assert again.critic.save()["opt"]["state"].keys() == saved["opt"]["state"].keys()
+            ckpt = torch.load(checkpoint_dir(str(tmp_path)) / "critic_learner.pt", weights_only=False)
+            assert ckpt["versions"] == {"critic": 5, "actor_seen": 0} and "torch_rng" in ckpt
+    run(body())

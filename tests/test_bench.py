@@ -67,3 +67,14 @@ def test_bench_update_smoke(tmp_path: Path) -> None:
     assert 0 <= row["spreeze_batch_wait_fraction"] <= 1.05  # a share of the time (clocks of two processes)
     # the learner really trained on the filled replay, through the sockets
     assert (tmp_path / "runs" / "r0-td3-b64" / "checkpoints" / "learner.pt").exists()
+
+
+@pytest.mark.timeout(120)
+def test_bench_snapshot_smoke(tmp_path: Path) -> None:
+    out = tmp_path / "snapshot.json"
+    assert cli(["bench", "snapshot", "--capacity", "20000", "--new", "3000", "--plain-turns", "20", "--insert", "1", "--dir", str(tmp_path),
+                "--json", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert got["full"]["rows_written"] == 20_000 and got["full"]["bytes"] > 20_000 * got["row_bytes"]
+    assert 3000 <= got["increment"]["rows_written"] < 20_000  # only the rows added since
+    assert got["restore_s"] > 0 and got["full"]["max_call_ms"] > 0

@@ -336,3 +336,59 @@ def test_sigterm_a_whole_run_then_resume_continues_where_it_stopped(tmp_path: Pa
     noise = 300.0  # Pendulum returns of one policy vary by a few hundred over start states
     assert sessions[1][0]["return_mean"] >= before[-1]["return_mean"] - noise, (before, sessions[1])
     assert max(e["return_mean"] for e in sessions[1]) > LEARNED, sessions[1]
+
+
+def test_serve_acks_batches_and_announces_durable_ones_after_a_snapshot(tmp_path: Path) -> None:
+    from common.errors import TransportTimeout
+
+    async def body() -> None:
+        async with Harness(config(tmp_path, "replay.snapshot_every_s=0.2", "replay.update_to_data=0")) as h:
+            r = h.build(Replay)
+            task = h.start(r.serve())
+            dealer = h.channel("experience", binding=False, sender="sampler-0")
+            layout = layout_of(h.cfg)
+            acks: list[ExperienceAck] = []
+
+            async def ack() -> ExperienceAck:
+                while True:
+                    try:
+                        _, msg = await dealer.recv(timeout=3)
+                    except TransportTimeout:
+                        raise AssertionError(f"no ack; got {acks}") from None
+                    if isinstance(msg, ExperienceAck):
+                        acks.append(msg)
+                        return msg
+
+            for i in (1, 2):
+                msg = experience(layout, 10, seed=i)
+                msg.batch = i
+                await dealer.send(msg)
+                got = await ack()
+                assert (got.batch, got.status, got.stored) == (i, "stored", i)
+            again = experience(layout, 10, seed=1)
+            again.batch = 1
+            await dealer.send(again)  # a re-send
+            got = await ack()
+            assert (got.batch, got.status, got.stored) == (1, "duplicate", 2)
+            notice = await ack()
+            while notice.status != "snapshot" or notice.durable < 2:
+                notice = await ack()
+            assert notice.batch == 0 and notice.stored == notice.durable == 2
+            assert r.buffer.size == 20 and r.ledger.books["sampler-0"]["duplicates"] == 10
+            await h.stop(r, task)
+            await r.close()
+            assert r.restore()  # the final snapshot reads back
+    run(body(), timeout=20)
+
+
+def test_a_snapshot_without_new_rows_still_completes(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with Harness(config(tmp_path, *SNAP)) as h:
+            r = fresh(h)
+            fill(r, [100])
+            first = snapshot_now(r)
+            r.buffer.sample_packed(10)  # only the RNG and counters move
+            second = snapshot_now(r)
+            assert second["k"] == first["k"] + 1 and second["segments"] == first["segments"]
+            assert second["buffer"]["sampled"] == first["buffer"]["sampled"] + 10
+    run(body())

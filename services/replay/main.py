@@ -81,6 +81,7 @@ class Replay(Service):
         self.snapshots: SnapshotWriter | None = None
         self.snap_stats = {"snapshots": 0, "snapshot_s": 0.0, "snapshot_copy_max_s": 0.0, "restored_rows": 0}
         self.exp: Channel | None = None
+        self.ready = False  # restored (or found nothing to restore) and serving
 
     def counters(self) -> dict[str, Any]:
         return {"size": self.buffer.size, "inserted": self.limiter.inserts}
@@ -139,7 +140,7 @@ class Replay(Service):
     async def close(self) -> None:
         """The final snapshot (samplers were stopped first, so it holds everything acknowledged)."""
         snaps = self.snapshots
-        if snaps is None:
+        if snaps is None or not self.ready:  # stopped while restoring: the ring is not whole yet
             return
         if snaps.pending is None:
             snaps.begin(self.buffer, self.snapshot_meta())
@@ -156,6 +157,7 @@ class Replay(Service):
         if self.cfg.replay.snapshot_every_s > 0:
             self.snapshots = SnapshotWriter(self.snapshot_dir)
         await asyncio.to_thread(self.restore)  # heartbeats go on while a large ring loads
+        self.ready = True
         self.last_snapshot = time.monotonic()
         exp = self.exp = self.channel("experience", binding=True)
         smp = self.channel("sample", binding=True)

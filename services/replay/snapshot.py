@@ -92,6 +92,8 @@ class SnapshotWriter:
                 "capacity": buffer.capacity, "obs_dim": buffer.obs_dim, "act_dim": buffer.act_dim}
         self.pending = Pending(k, meta, first, end, first)
         self.queue.put(("open", (self.pending, buffer.width)))
+        if first == end:  # no new rows: only the metadata (counters, RNG, dedup table) moved
+            self.queue.put(("close", self.pending))
 
     def step(self, buffer: ReplayBuffer, owner: np.ndarray, rows: int = CHUNK_ROWS) -> None:
         """Copy the next chunk of the pending snapshot (if the writer keeps up)."""

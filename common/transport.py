@@ -194,22 +194,25 @@ class Channel:
 
     # ---------------------------------------------------------- reconnections
     def watch_connects(self) -> None:
-        """Start counting this (connecting) socket's connections with a ZeroMQ socket monitor."""
-        self.connects = 0
-        self._monitor = zmq.Socket.shadow(self.sock.get_monitor_socket(zmq.EVENT_CONNECTED).underlying)
+        """Start watching this (connecting) socket's connections with a ZeroMQ socket monitor."""
+        self._disconnected = False
+        events = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
+        self._monitor = zmq.Socket.shadow(self.sock.get_monitor_socket(events).underlying)
 
     def reconnected(self) -> bool:
-        """Whether a connection was made since the last call, other than the first one ever:
-        the peer restarted, and what was queued to or held by its old incarnation is gone."""
+        """Whether a connection was made after a disconnection since the last call: the peer
+        restarted, and what was queued to or held by its old incarnation is gone. (A monitor
+        attached after the first connection never sees it: only connect-after-disconnect counts.)"""
         again = False
         while True:
             try:
-                event = parse_monitor_message(self._monitor.recv_multipart(flags=zmq.NOBLOCK))
+                event = parse_monitor_message(self._monitor.recv_multipart(flags=zmq.NOBLOCK))["event"]
             except zmq.Again:
                 return again
-            if event["event"] == zmq.EVENT_CONNECTED:
-                self.connects += 1
-                again = again or self.connects > 1
+            if event == zmq.EVENT_DISCONNECTED:
+                self._disconnected = True
+            elif event == zmq.EVENT_CONNECTED and self._disconnected:
+                self._disconnected, again = False, True
 
     def close(self) -> None:
         self.sock.close()

@@ -393,3 +393,31 @@ def test_bench_cleans_up_after_a_dead_child() -> None:
         pair.close()
     assert not any(p.is_alive() for p in pair.procs)
     assert not os.path.exists(pair.dir)
+
+
+@pytest.mark.timeout(20)
+def test_reconnected_reports_a_restarted_peer_once(ipc_dir: str) -> None:
+    async def main() -> None:
+        ctx = zmq.asyncio.Context()
+        endpoint = ipc_endpoint(ipc_dir, "s")
+        try:
+            first = Channel(ctx, "sample", endpoint, binding=True, encoder=Encoder("replay"))
+            dealer = Channel(ctx, "sample", endpoint, binding=False, encoder=Encoder("learner"))
+            await dealer.send(SampleRequest(1, 4))
+            await first.recv(timeout=5)  # connected before anyone watches (as in the services)
+            dealer.watch_connects()
+            await asyncio.sleep(0.2)
+            assert not dealer.reconnected()
+            first.close()
+            second = Channel(ctx, "sample", endpoint, binding=True, encoder=Encoder("replay-2"))
+            deadline = time.monotonic() + 10
+            while not dealer.reconnected():
+                assert time.monotonic() < deadline, "the reconnection was not seen"
+                await asyncio.sleep(0.05)
+            assert not dealer.reconnected()  # reported once
+            await dealer.send(SampleRequest(2, 4))
+            _, msg = await second.recv(timeout=5)
+            assert msg == SampleRequest(2, 4)
+        finally:
+            ctx.destroy(linger=0)
+    asyncio.run(main())

@@ -392,3 +392,32 @@ def test_a_snapshot_without_new_rows_still_completes(tmp_path: Path) -> None:
             assert second["k"] == first["k"] + 1 and second["segments"] == first["segments"]
             assert second["buffer"]["sampled"] == first["buffer"]["sampled"] + 10
     run(body())
+
+
+def test_resume_accepts_budget_keys_only(tmp_path: Path) -> None:
+    import yaml
+
+    from common.cli import main as cli
+    from common.cli import parser, train_config
+    from common.config import to_dict
+    from common.errors import ConfigError
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(config(run_dir))))
+
+    def resume(*argv: str) -> object:
+        args = parser().parse_args(["train", "--resume", str(run_dir), *argv])
+        return train_config(args)
+
+    cfg = resume("--total-steps", "777", "time_limit=60")
+    assert (cfg.total_steps, cfg.time_limit, cfg.env, cfg.run_dir) == (777, 60.0, "Pendulum-v1", str(run_dir))
+    for argv, named in ((["--env", "Hopper-v5"], "env"), (["replay.capacity=10"], "replay.capacity"),
+                        (["--run-dir", str(tmp_path / "other")], "run_dir"), (["--seed", "3"], "seed")):
+        with pytest.raises(ConfigError, match=f"{named} cannot change"):
+            resume(*argv)
+    assert resume("--run-dir", str(run_dir)).run_dir == str(run_dir)
+    with pytest.raises(ConfigError, match="no config.yaml"):
+        train_config(parser().parse_args(["train", "--resume", str(tmp_path / "nothing")]))
+    (run_dir / "checkpoints").mkdir()
+    (run_dir / "checkpoints" / "learner.pt").write_bytes(b"x")
+    assert cli(["train", "--run-dir", str(run_dir), "--env", "Pendulum-v1"]) == 2  # holds a run: refused

@@ -81,7 +81,8 @@ class Sampler(Service):
             if newest is not None:
                 self.take_weights(newest)
             if self.outbox.has_credit():
-                push.send_nowait(self.outbox.add(self.collect()))  # a full queue: re-sent on timeout
+                msg = self.outbox.next_resend() or self.outbox.add(self.collect())
+                push.send_nowait(msg)  # a full queue (replay gone): sent again after the reconnect
             else:
                 await push.sock.poll(ACK_WAIT_MS, zmq.POLLIN)
             await asyncio.sleep(0)  # a send that does not block never yields: let heartbeats and control run
@@ -91,20 +92,20 @@ class Sampler(Service):
                 last_metrics, last_steps = now, self.envs.steps
 
     def take_acks(self, push: Channel) -> None:
-        """Read every queued ack; re-send what replay may lack after a restart, a gap or a timeout."""
-        resend = push.reconnected()
+        """Read every queued ack; start a re-send when replay restarted or acks stopped moving
+        (the outbox starts one itself when replay reports a gap)."""
+        restarted = push.reconnected()
         while True:
             try:
                 got = push.recv_nowait()
             except zmq.Again:
                 break
             if got is not None and isinstance(got[1], ExperienceAck):
-                resend = self.outbox.on_ack(got[1]) or resend
-        if resend or self.outbox.timed_out(time.monotonic()):
-            batches = self.outbox.resend()
-            log.info("re-sending %d unacknowledged batches (%d not yet stored)", len(batches), self.outbox.unstored)
-            for msg in batches:
-                push.send_nowait(msg)
+                self.outbox.on_ack(got[1])
+        if restarted or self.outbox.timed_out(time.monotonic()):
+            self.outbox.resend()
+            log.info("re-sending from batch %d (%d kept, %d not yet stored)%s", self.outbox.resend_from,
+                     len(self.outbox.kept), self.outbox.unstored, ": replay restarted" if restarted else "")
 
     def take_weights(self, msg: Weights) -> None:
         state = to_state(msg)
@@ -159,6 +160,8 @@ class Sampler(Service):
         deadline = time.monotonic() + FLUSH_TIMEOUT
         while self.push is not None and self.outbox.unstored and time.monotonic() < deadline:
             self.take_acks(self.push)
+            while self.outbox.has_credit() and (msg := self.outbox.next_resend()) is not None:
+                self.push.send_nowait(msg)
             await self.push.sock.poll(ACK_WAIT_MS, zmq.POLLIN)
         if self.outbox.unstored:
             log.warning("%d batches sent were not acknowledged as stored at exit", self.outbox.unstored)

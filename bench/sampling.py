@@ -53,7 +53,7 @@ def system_rate(env: str, samplers: int, envs: int, seconds: float, run_dir: Pat
         f"time_limit={seconds + STARTUP_S + 60}",  # safety net only: bench.system stops the run
         f"sampler.num_samplers={samplers}", f"sampler.envs_per_sampler={envs}",
         f"sampler.warmup_steps={HUGE}", "replay.update_to_data=0", f"replay.capacity={CAPACITY}",
-        "replay.min_size=1",
+        "replay.min_size=1", "replay.snapshot_every_s=0",  # measures sampling, not snapshots
     ])
     specs = [s for s in roster(cfg) if s.role in ("replay", "sampler")]
 

@@ -1,7 +1,8 @@
 """`spreeze bench transport`: the codec's cost over bare pyzmq, sender -> receiver over ipc://.
 
-One sender process pushes Experience batches to one receiver process (PUSH/PULL, socket types
-of transport.ROLES["experience"], queue depth BENCH_HWM). Two paths move the same bytes:
+One sender process pushes Experience batches to one receiver process (DEALER/ROUTER, socket
+types of transport.ROLES["experience"], queue depth BENCH_HWM; no acks: this measures the
+one-way path, the acks are a few dozen bytes per batch). Two paths move the same bytes:
   codec: Experience -> to_frames -> send_multipart(copy=False) -> recv_multipart(copy=False)
          -> decode -> from_envelope -> count rows;
   bare:  a prebuilt header frame + the same array buffer, counted from the frame length.
@@ -33,8 +34,8 @@ import zmq
 from common.codec import Encoder, decode
 from common.transport import ROLES, ipc_endpoint, make_ipc_dir
 
-# Queue depth for the measurement. The training system keeps experience queues at
-# ROLES["experience"] (2 batches: freshness of data); a throughput measurement of the
+# Queue depth for the measurement. The training system keeps at most sampler.ack_window
+# unacknowledged batches in flight (freshness of data); a throughput measurement of the
 # codec needs enough depth that neither side waits on the other's scheduling.
 BENCH_HWM = 64
 from proto.messages import Experience, from_envelope, to_frames
@@ -103,6 +104,12 @@ def _receiver_loop(conn: Connection, sock: zmq.Socket) -> None:
         conn.send(("drained",))
 
 
+def _recv(sock: zmq.Socket) -> list[Any]:
+    """One message's frames, without the routing id a ROUTER prepends."""
+    frames = sock.recv_multipart(copy=False)
+    return frames[1:] if sock.type == zmq.ROUTER else frames
+
+
 def _measure(sock: zmq.Socket, path: str, warmup: float,
              seconds: float) -> tuple[int, int, float, float]:
     """Receive for `warmup` then `seconds` of wall time; rows, messages and CPU seconds
@@ -114,7 +121,10 @@ def _measure(sock: zmq.Socket, path: str, warmup: float,
         return len(frames[1]) // ROW_BYTES
 
     count = codec_rows if path == "codec" else bare_rows
-    recv = sock.recv_multipart
+
+    def recv(copy: bool = False) -> list[Any]:
+        return _recv(sock)
+
     count(recv(copy=False))
     start = time.perf_counter()
     while time.perf_counter() - start < warmup:
@@ -127,7 +137,7 @@ def _measure(sock: zmq.Socket, path: str, warmup: float,
 
 
 def _drain(sock: zmq.Socket) -> None:
-    while len(sock.recv_multipart(copy=False)) != 1:
+    while len(_recv(sock)) != 1:
         pass
 
 

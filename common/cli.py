@@ -13,11 +13,11 @@ from pathlib import Path
 
 import yaml
 
-from common.config import Config, field_docs, given_keys, load_config, to_dict
-from common.errors import SpreezeError
+from common.config import Config, field_docs, given_keys, load_config, parse_override, to_dict
+from common.errors import ConfigError, SpreezeError
 from common.sparse import NETWORKS
 
-BENCHES = ("transport", "learning", "sampling", "update", "e2e", "tuner")  # modules bench/<name>.py
+BENCHES = ("transport", "learning", "sampling", "update", "e2e", "tuner", "snapshot")  # modules bench/<name>.py
 
 
 def _train_parser(sub: argparse._SubParsersAction) -> None:
@@ -37,8 +37,15 @@ def _train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--total-steps", type=int, help="env steps budget (config key total_steps)")
     p.add_argument("--time-limit", type=float, help="wall-clock budget in seconds (config key time_limit)")
     p.add_argument("--run-dir", help="run directory (config key run_dir)")
+    p.add_argument("--resume", metavar="RUN_DIR",
+                   help="continue a stopped or crashed run with its saved config; only budget keys "
+                        f"({', '.join(RESUMABLE_KEYS)}) may be changed")
     p.add_argument("--quiet", action="store_true", help="no console progress lines")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
+
+
+RESUMABLE_KEYS = ("total_steps", "time_limit")  # a resumed run may get a new budget, nothing else
+RUN_STATE = ("checkpoints", "replay")  # what a started run leaves in its run directory
 
 
 def train_overrides(args: argparse.Namespace) -> list[str]:
@@ -48,7 +55,29 @@ def train_overrides(args: argparse.Namespace) -> list[str]:
     return list(args.overrides) + [f"{k}={v}" for k, v in flags.items() if v is not None]
 
 
+def resume_config(args: argparse.Namespace) -> Config:
+    """RUN_DIR/config.yaml with only budget keys overridden; anything else is refused by name."""
+    run_dir = Path(args.resume).resolve()
+    saved = run_dir / "config.yaml"
+    if not saved.is_file():
+        raise ConfigError(f"--resume {str(run_dir)!r}: no config.yaml there, so it is not a run directory")
+    if args.config is not None:
+        raise ConfigError(f"--config {args.config!r} cannot be used with --resume: the run keeps its config")
+    overrides = train_overrides(args)
+    for text in overrides:
+        key = ".".join(parse_override(text)[0])
+        if key == "run_dir" and Path(str(parse_override(text)[1])).resolve() == run_dir:
+            continue
+        if key not in RESUMABLE_KEYS:
+            raise ConfigError(f"--resume: {key} cannot change when resuming a run (only "
+                              f"{', '.join(RESUMABLE_KEYS)} can); start a new run instead")
+    cfg = load_config(saved, overrides)
+    return dataclasses.replace(cfg, run_dir=str(run_dir))
+
+
 def train_config(args: argparse.Namespace) -> Config:
+    if args.resume:
+        return resume_config(args)
     cfg = load_config(args.config, train_overrides(args))
     if not cfg.run_dir:
         stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -67,14 +96,20 @@ def cmd_train(args: argparse.Namespace) -> int:
     layout, _, _ = env_spec(cfg.env)  # refuse unknown or discrete-action envs before anything starts
     pinned = given_keys(args.config, train_overrides(args))
     hardware = probe.probe()
-    choices = probe.plan(hardware, cfg, pinned, layout.width * 4) if cfg.supervisor.auto else []
+    resumed = bool(args.resume)  # a resumed run keeps its saved config: nothing is re-planned
+    choices = probe.plan(hardware, cfg, pinned, layout.width * 4) if cfg.supervisor.auto and not resumed else []
     cfg = probe.apply(cfg, choices)
     run_dir = Path(cfg.run_dir)
+    started = [name for name in RUN_STATE if (run_dir / name).is_dir() and any((run_dir / name).iterdir())]
+    if started and not args.resume:
+        raise ConfigError(f"run directory {str(run_dir)!r} already holds a run ({', '.join(started)}): "
+                          f"continue it with --resume {run_dir}, or choose another --run-dir")
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
     logging.basicConfig(filename=run_dir / "supervisor.log", level=logging.INFO,
                         format="%(asctime)s supervisor %(levelname)s %(name)s: %(message)s")
-    print(f"spreeze: training {cfg.algo} on {cfg.env} for {cfg.total_steps:,} env steps; run dir {run_dir}",
+    verb = "resuming" if args.resume else "training"
+    print(f"spreeze: {verb} {cfg.algo} on {cfg.env} for {cfg.total_steps:,} env steps; run dir {run_dir}",
           flush=True)
     print(f"spreeze: hardware: {hardware.describe()}", flush=True)
     logging.getLogger(__name__).info("hardware: %s; pinned by the user: %s", hardware.describe(),

@@ -21,6 +21,7 @@ from common.sparse import SparseConfig
 
 
 MAX_PREFETCH = 16  # = the sample sockets' HWM (common/transport.py ROLES): a ROUTER silently drops beyond it
+MAX_ACK_WINDOW = 8  # half the experience sockets' HWM: a window plus its re-sent copy always fit
 
 
 @dataclass(frozen=True)
@@ -29,10 +30,15 @@ class SamplerConfig:
     envs_per_sampler: int = 4  # vectorized envs stepped by each sampler process
     steps_per_push: int = 16  # env steps per env between Experience pushes (batch = this x envs)
     warmup_steps: int = 10_000  # total env steps (all samplers) acting uniformly at random
+    ack_window: int = 4  # Experience batches in flight before the sampler waits for replay's acks (credit)
+    ack_timeout: float = 10.0  # seconds without ack progress before unacknowledged batches are re-sent
 
     def validate(self) -> None:
-        _positive(self, "num_samplers", "envs_per_sampler", "steps_per_push")
+        _positive(self, "num_samplers", "envs_per_sampler", "steps_per_push", "ack_window", "ack_timeout")
         _non_negative(self, "warmup_steps")
+        if self.ack_window > MAX_ACK_WINDOW:
+            raise ConfigError(f"sampler.ack_window={self.ack_window!r} must be <= {MAX_ACK_WINDOW} "
+                              "(a window and its re-sent copy must fit the experience socket's HWM)")
 
 
 @dataclass(frozen=True)
@@ -42,10 +48,11 @@ class ReplayConfig:
     update_to_data: float = 1.0  # target gradient updates per env step (0 = no rate limit)
     tolerance: float = 0.25  # allowed drift from the target, as a fraction of min_size updates
     reject_non_finite: bool = True  # refuse batches holding NaN or inf
+    snapshot_every_s: float = 30.0  # seconds between incremental snapshots into run_dir/replay (0 = none)
 
     def validate(self) -> None:
         _positive(self, "capacity")
-        _non_negative(self, "min_size", "update_to_data")
+        _non_negative(self, "min_size", "update_to_data", "snapshot_every_s")
         if not 0 < self.tolerance <= 10:
             raise ConfigError(f"replay.tolerance={self.tolerance!r} must be in (0, 10]")
         if self.min_size > self.capacity:

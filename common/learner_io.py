@@ -30,6 +30,7 @@ class BatchStream:
     replacement makes the slices of one big sample independent batches.
     On CPU the tensor is a view of the received frame (no copy); on CUDA one pinned
     host-to-device copy per request, then the columns are views of the device matrix.
+    When replay restarts (the socket reconnects) the requests it held are gone: ask again.
     """
 
     def __init__(self, channel: Channel, layout: TransitionLayout, batch_size: int,
@@ -39,45 +40,58 @@ class BatchStream:
         self.next_id = 0
         self.in_flight = 0
         self.ready: deque[Batch] = deque()  # batches of the newest reply not yet used
+        self.asked: dict[int, int] = {}  # rows asked per request in flight (the batch size may change)
         self.inserted = 0  # env steps replay had seen at the newest batch
         self.wait_s = 0.0  # time spent waiting for batches (transport + rate limiting)
+        channel.watch_connects()
+
+    async def request(self) -> None:
+        if self.channel.reconnected():
+            self.in_flight = 0  # held by a replay that is gone
+            self.asked.clear()
+        while self.in_flight < self.prefetch:
+            self.next_id += 1
+            self.asked[self.next_id] = self.batch_size * self.per_request
+            await self.channel.send(SampleRequest(self.next_id, self.asked[self.next_id]))
+            self.in_flight += 1
 
     async def next(self, stop: asyncio.Event) -> Batch | None:
         """Next batch, or None once `stop` is set."""
         await asyncio.sleep(0)  # a ready socket never yields: let heartbeats and control run
         if self.ready:
             return self.ready.popleft()
-        while self.in_flight < self.prefetch:
-            self.next_id += 1
-            await self.channel.send(SampleRequest(self.next_id, self.batch_size * self.per_request))
-            self.in_flight += 1
+        await self.request()
         t0 = time.perf_counter()
         try:
             while not stop.is_set():
                 try:
                     _, msg = await self.channel.recv(timeout=0.2)
                 except TransportTimeout:
+                    await self.request()
                     continue
                 if isinstance(msg, Error):
                     raise PeerError(f"replay refused a sample request: {msg.code}: {msg.detail}")
                 if isinstance(msg, SampledBatch):
-                    self.in_flight -= 1
+                    self.in_flight = max(0, self.in_flight - 1)
                     self.inserted = msg.inserted
                     self.ready.extend(self.to_batches(msg))
-                    return self.ready.popleft()
+                    if self.ready:
+                        return self.ready.popleft()
             return None
         finally:
             self.wait_s += time.perf_counter() - t0
 
     def to_batches(self, msg: SampledBatch) -> list[Batch]:
         m = torch.from_numpy(msg.transitions)
-        if len(m) != self.batch_size * self.per_request:
-            raise PeerError(f"replay answered request {msg.request_id} with {len(m)} rows, "
-                            f"expected {self.batch_size * self.per_request}")
+        asked = self.asked.pop(msg.request_id, None)
+        if asked is None:
+            return []  # a reply to a request made before replay restarted: asked again since
+        if len(m) != asked:
+            raise PeerError(f"replay answered request {msg.request_id} with {len(m)} rows, expected {asked}")
         if self.device.type != "cpu":
             m = m.pin_memory().to(self.device, non_blocking=True)
         return [self.layout.columns(part)  # type: ignore[misc]
-                for part in m.split(self.batch_size)]
+                for part in m.split(asked // self.per_request)]
 
 
 def atomic_save(obj: Any, path: str | Path) -> None:

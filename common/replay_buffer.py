@@ -327,6 +327,39 @@ class ReplayBuffer:
         return buf
 
     # ---- snapshots -------------------------------------------------------------------
+    # Rows are numbered globally in insertion order: row r lives at ring index r % capacity,
+    # and the rows stored now are [inserted - size, inserted). Incremental snapshots copy
+    # rows by these numbers, so they only ever write what is new.
+
+    def row_views(self, first: int, end: int) -> list[np.ndarray]:
+        """Views of the ring holding global rows [first, end) (two when they wrap)."""
+        if not self._inserted - self._size <= first <= end <= self._inserted:
+            raise ReplayInputError(f"rows [{first}, {end}) are not all stored (stored: "
+                                   f"[{self._inserted - self._size}, {self._inserted}))")
+        start, n = first % self._capacity, end - first
+        head = min(n, self._capacity - start)
+        views = [self._data[start:start + head]]
+        if head < n:
+            views.append(self._data[:n - head])
+        return views
+
+    def put_rows(self, first: int, block: np.ndarray) -> None:
+        """Write a restored block as global rows first.. (counters are set by `set_counters`)."""
+        self._write(np.asarray(block, np.float32), first % self._capacity)
+
+    def set_counters(self, inserted: int, size: int, evicted: int, sampled: int, rng: dict[str, Any]) -> None:
+        """Restore the ring position, counters and sampling RNG of a snapshot."""
+        if not (0 <= size <= min(inserted, self._capacity)) or (size < self._capacity and size != inserted):
+            raise ReplayInputError(f"inconsistent snapshot: size={size}, inserted={inserted}, "
+                                   f"capacity={self._capacity}")
+        self._inserted, self._size, self._evicted, self._sampled = inserted, size, evicted, sampled
+        self._position = inserted % self._capacity
+        self._rng.bit_generator.state = copy.deepcopy(rng)
+
+    def rng_state(self) -> dict[str, Any]:
+        """The sampling RNG's state (plain data; PCG64's ints exceed 64 bits: use JSON, not msgpack)."""
+        return copy.deepcopy(self._rng.bit_generator.state)
+
     def state_dict(self) -> dict[str, Any]:
         """Everything needed for an exact restore (stored rows copied, RNG state included)."""
         return {

@@ -18,6 +18,7 @@ from typing import Any
 
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
 
 from common.codec import DEFAULT_LIMITS, Encoder, Limits, decode
 from common.errors import ConfigError, ProtocolError, TransportTimeout
@@ -55,10 +56,11 @@ class Role:
 
 # name -> (role of the binding end, role of the connecting end). Rationale per line.
 ROLES: dict[str, tuple[Role, Role]] = {
-    # Experience must never be dropped: PUSH blocks at the HWM (back-pressure to samplers).
-    # Small on purpose: every queued batch is data from an older policy that the replay's
-    # rate limiter cannot see; 2 + 2 batches (plus kernel buffers) absorb jitter.
-    "experience": (Role(zmq.PULL, True, 2, 0), Role(zmq.PUSH, False, 2, 2000)),
+    # Experience is acknowledged (DEALER -> ROUTER, acks back): a sampler keeps at most
+    # sampler.ack_window unacknowledged batches in flight (credit flow control, which keeps
+    # queued data fresh) and re-sends after a replay restart. The HWM only has to hold a
+    # window plus one re-sent window (config caps the window at 8).
+    "experience": (Role(zmq.ROUTER, True, 16, 0), Role(zmq.DEALER, False, 16, 2000)),
     # Request/reply: learners keep a few requests in flight (prefetch); 16 is plenty.
     "sample": (Role(zmq.ROUTER, True, 16, 0), Role(zmq.DEALER, False, 16, 0)),
     # Weights: only the newest matters, so tiny HWMs let stale versions drop at the PUB.
@@ -224,6 +226,28 @@ class Channel:
             self.now.send_multipart([peer, *frames], flags=zmq.NOBLOCK)
         except zmq.ZMQError:
             pass  # the peer is gone or slow; the error is counted and logged already
+
+    # ---------------------------------------------------------- reconnections
+    def watch_connects(self) -> None:
+        """Start watching this (connecting) socket's connections with a ZeroMQ socket monitor."""
+        self._disconnected = False
+        events = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
+        self._monitor = zmq.Socket.shadow(self.sock.get_monitor_socket(events).underlying)
+
+    def reconnected(self) -> bool:
+        """Whether a connection was made after a disconnection since the last call: the peer
+        restarted, and what was queued to or held by its old incarnation is gone. (A monitor
+        attached after the first connection never sees it: only connect-after-disconnect counts.)"""
+        again = False
+        while True:
+            try:
+                event = parse_monitor_message(self._monitor.recv_multipart(flags=zmq.NOBLOCK))["event"]
+            except zmq.Again:
+                return again
+            if event == zmq.EVENT_DISCONNECTED:
+                self._disconnected = True
+            elif event == zmq.EVENT_CONNECTED and self._disconnected:
+                self._disconnected, again = False, True
 
     def close(self) -> None:
         self.sock.close()

@@ -18,7 +18,7 @@ import numpy as np
 from common.codec import Encoder, Envelope
 from common.errors import SchemaError, UnknownTypeError
 
-SPEC_VERSION = "1.1"  # proto/SPEC.md document version; wire major version is codec.PROTOCOL_VERSION
+SPEC_VERSION = "1.2"  # proto/SPEC.md document version; wire major version is codec.PROTOCOL_VERSION
 
 ArrayMap = dict[str, np.ndarray]
 
@@ -83,7 +83,7 @@ def _check_transitions(msg: Any) -> None:
 
 @dataclass(slots=True)
 class Experience(Message):
-    """A batch of transitions, sampler -> replay (PUSH/PULL), one row per transition."""
+    """A batch of transitions, sampler -> replay (DEALER/ROUTER), one row per transition."""
 
     TYPE: ClassVar[str] = "experience"
     transitions: np.ndarray  # float32 [n, 2*obs_dim+act_dim+2], see TransitionLayout
@@ -93,9 +93,35 @@ class Experience(Message):
     actor_version: int = -1  # version of the actor that chose the actions (-1: random warm-up)
     episode_returns: list[float] = field(default_factory=list)  # episodes finished in this batch
     episode_lengths: list[int] = field(default_factory=list)
+    batch: int = 0  # per-session batch number, 1, 2, ... (0: not numbered, never deduplicated)
 
     def check(self) -> None:
         _check_transitions(self)
+        if self.batch < 0:
+            raise SchemaError(f"experience.batch={self.batch} must be >= 0")
+
+
+ACK_STATUSES = frozenset({"stored", "duplicate", "rejected", "gap", "snapshot"})
+
+
+@dataclass(slots=True)
+class ExperienceAck(Message):
+    """Replay -> sampler (ROUTER/DEALER): the fate of one Experience batch, and watermarks.
+
+    `stored` and `durable` are per (sender, session): every batch numbered <= `stored` is
+    in replay's memory (or was rejected), every batch <= `durable` is in a complete
+    snapshot on disk. A sampler may forget a batch once it is durable.
+    """
+
+    TYPE: ClassVar[str] = "experience_ack"
+    batch: int  # the batch answered (0 for a "snapshot" notice)
+    status: str  # stored | duplicate | rejected | gap | snapshot
+    stored: int  # highest batch of this session stored (or rejected), all lower ones too
+    durable: int  # highest batch of this session in a complete snapshot
+
+    def check(self) -> None:
+        if self.status not in ACK_STATUSES:
+            raise SchemaError(f"experience_ack.status={self.status!r:.40} is not one of {sorted(ACK_STATUSES)}")
 
 
 @dataclass(slots=True)
@@ -300,7 +326,7 @@ def _schema(cls: type) -> _Schema:
 
 
 MESSAGE_TYPES: dict[str, type[Message]] = {
-    cls.TYPE: cls for cls in (Experience, SampleRequest, SampledBatch, Weights, Metrics, EvalResult,
+    cls.TYPE: cls for cls in (Experience, ExperienceAck, SampleRequest, SampledBatch, Weights, Metrics, EvalResult,
                               Event, Register, Welcome, Heartbeat, Control, ControlReply, Error)
 }
 _SCHEMAS: dict[type, _Schema] = {cls: _schema(cls) for cls in MESSAGE_TYPES.values()}

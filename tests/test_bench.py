@@ -120,3 +120,14 @@ def test_tuner_bench_frame_rate_weights_each_interval_by_its_batch() -> None:
     for bad in ("2x8", "0x1x64", "axbxc"):
         with pytest.raises(Exception, match="setting"):
             parse_setting(bad)
+
+
+@pytest.mark.timeout(120)
+def test_bench_snapshot_smoke(tmp_path: Path) -> None:
+    out = tmp_path / "snapshot.json"
+    assert cli(["bench", "snapshot", "--capacity", "20000", "--new", "3000", "--plain-turns", "20", "--insert", "1", "--dir", str(tmp_path),
+                "--json", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert got["full"]["rows_written"] == 20_000 and got["full"]["bytes"] > 20_000 * got["row_bytes"]
+    assert 3000 <= got["increment"]["rows_written"] < 20_000  # only the rows added since
+    assert got["restore_s"] > 0 and got["full"]["max_call_ms"] > 0

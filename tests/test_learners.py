@@ -215,3 +215,25 @@ def test_batches_per_request_must_fit_in_replay(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="batches_per_request"):
         config(tmp_path, "replay.capacity=1000", "replay.min_size=100", "learner.batch_size=256",
                "learner.batches_per_request=4")
+
+
+def test_a_restarted_critic_learner_continues_from_its_checkpoint(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with Harness(config(tmp_path, *SPLIT, "learner.max_lag=4")) as h:
+            await replay_with(h)
+            cl = h.build(CriticLearner)
+            task = h.start(cl.serve())
+            assert await settle(lambda: cl.critic.updates if hasattr(cl, "critic") else 0, 5) == 5
+            await h.stop(cl, task)
+            await cl.close()  # what SIGTERM and shutdown do: a final checkpoint
+            saved = cl.critic.save()
+            again = h.build(CriticLearner, "critic_learner")
+            h.start(again.serve())
+            await until(lambda: hasattr(again, "critic"), what="critic built")
+            assert again.critic.updates == 5  # then it waits at max_lag for a newer actor
+            for name, value in again.critic.save()["critic"].items():
+                torch.testing.assert_close(value, saved["critic"][name])
+            assert again.critic.save()["opt"]["state"].keys() == saved["opt"]["state"].keys()
+            ckpt = torch.load(checkpoint_dir(str(tmp_path)) / "critic_learner.pt", weights_only=False)
+            assert ckpt["versions"] == {"critic": 5, "actor_seen": 0} and "torch_rng" in ckpt
+    run(body())

@@ -14,7 +14,7 @@ import zmq
 from common.codec import Encoder, decode
 from common.errors import SchemaError, UnknownTypeError
 from proto.messages import (
-    MESSAGE_TYPES, Control, ControlReply, Error, EvalResult, Event, Experience, Heartbeat, Message,
+    MESSAGE_TYPES, Control, ControlReply, Error, EvalResult, Event, Experience, ExperienceAck, Heartbeat, Message,
     Metrics, Register, SampledBatch, SampleRequest, TransitionLayout, Weights, Welcome,
     from_envelope, to_frames,
 )
@@ -52,6 +52,7 @@ def sparse_weights() -> Weights:
 SAMPLES: dict[str, Callable[[], Message]] = {
     "experience": lambda: Experience(transitions(256), OBS, ACT, env_steps=4096, actor_version=2,
                                      episode_returns=[1.5, -3.25], episode_lengths=[1000, 17]),
+    "experience_ack": lambda: ExperienceAck(batch=12, status="stored", stored=12, durable=8),
     "sample_request": lambda: SampleRequest(request_id=9, batch_size=256),
     "sampled_batch": lambda: SampledBatch(9, transitions(256), OBS, ACT, replay_size=10**6,
                                           inserted=2 * 10**6),

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -10,9 +12,11 @@ import pytest
 
 from common.numpy_policy import NumpyActor
 from common.weights import WeightsPublisher, dense_message
-from proto.messages import Control, Experience, Weights
+from common.errors import TransportTimeout
+from common.transport import Channel
+from proto.messages import Control, Experience, ExperienceAck, Weights
 from services.sampler.main import Sampler
-from tests.helpers import Harness, config, parts, recv_until, run
+from tests.helpers import Harness, config, parts, run
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -119,18 +123,54 @@ def test_set_param_steps_per_push(tmp_path: Path) -> None:
     run(body())
 
 
+async def recv_acking(router: Channel, accept: Callable[[Experience], bool], ack: bool = True,
+                      timeout: float = 3.0) -> Experience:
+    """The first Experience that `accept` takes, acking (stored, durable) every batch seen."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            peer, msg = await router.recv(timeout=0.1)
+        except TransportTimeout:
+            continue
+        if isinstance(msg, Experience):
+            if ack:
+                await router.send(ExperienceAck(msg.batch, "stored", msg.batch, msg.batch), to=peer)
+            if accept(msg):
+                return msg
+    raise AssertionError(f"no accepted Experience within {timeout}s")
+
+
 def test_serve_pushes_experience_and_follows_published_weights(tmp_path: Path) -> None:
     async def body() -> None:
         async with Harness(config(tmp_path)) as h:
-            pull = h.channel("experience", binding=True)
+            router = h.channel("experience", binding=True)
             pub = WeightsPublisher(h.channel("weights", binding=True, name="actor_weights"))
             h.start(pub.serve_joins())
             s = h.build(Sampler, "sampler-0")
             task = h.start(s.serve())
-            first = await recv_until(pull, lambda m: isinstance(m, Experience))
-            assert isinstance(first, Experience) and first.actor_version == -1
+            first = await recv_acking(router, lambda m: True)
+            assert first.actor_version == -1 and first.batch == 1
             pub.publish(actor_weights(h, version=4))
-            acted = await recv_until(pull, lambda m: isinstance(m, Experience) and m.actor_version == 4)
-            assert isinstance(acted, Experience) and acted.env_steps > first.env_steps
+            acted = await recv_acking(router, lambda m: m.actor_version == 4)
+            assert acted.env_steps > first.env_steps and acted.batch > first.batch
             await h.stop(s, task)
     run(body())
+
+
+def test_sampler_waits_for_acks_and_resends_after_a_timeout(tmp_path: Path) -> None:
+    """Credit: ack_window batches, then nothing until acks; unacked ones come again, in order."""
+    async def body() -> None:
+        async with Harness(config(tmp_path, "sampler.ack_window=3", "sampler.ack_timeout=0.5")) as h:
+            router = h.channel("experience", binding=True)
+            s = h.build(Sampler, "sampler-0")
+            task = h.start(s.serve())
+            got = [await recv_acking(router, lambda m: True, ack=False) for _ in range(3)]
+            assert [m.batch for m in got] == [1, 2, 3]
+            again = [await recv_acking(router, lambda m: True, ack=False, timeout=5) for _ in range(3)]
+            assert [m.batch for m in again] == [1, 2, 3]  # nothing new without credit: the same, re-sent
+            np.testing.assert_array_equal(again[0].transitions, got[0].transitions)
+            assert s.outbox.resends >= 3
+            fourth = await recv_acking(router, lambda m: m.batch == 4, timeout=5)  # acks give credit
+            assert fourth.env_steps > got[2].env_steps
+            await h.stop(s, task)
+    run(body(), timeout=15)

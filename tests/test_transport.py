@@ -105,7 +105,7 @@ def garbage_messages() -> list[tuple[str, list[bytes]]]:
 def run_bad_sampler(endpoint: str) -> None:
     """Child: a misbehaving peer sending raw frames that break the protocol."""
     ctx = zmq.Context()
-    sock = ctx.socket(zmq.PUSH)
+    sock = ctx.socket(zmq.DEALER)  # the connecting end of ROLES["experience"]
     sock.connect(endpoint)
     for _, frames in garbage_messages():
         sock.send_multipart(frames)
@@ -253,7 +253,7 @@ def test_unknown_message_type_is_counted_and_skipped(ipc_dir: str) -> None:
     async def main() -> None:
         ctx = zmq.asyncio.Context()
         pull = Channel(ctx, "experience", ipc_endpoint(ipc_dir, "e"), binding=True, encoder=Encoder("r"))
-        push = ctx.socket(zmq.PUSH)
+        push = ctx.socket(zmq.DEALER)
         push.connect(pull.endpoint)
         try:
             enc = Encoder("future-sampler")
@@ -358,8 +358,8 @@ def test_bad_endpoint_scheme_is_a_config_error(endpoint: str) -> None:
 
 
 def test_experience_rides_a_socket_that_never_drops() -> None:
-    bind, connect = ROLES["experience"]
-    assert (bind.kind, connect.kind) == (zmq.PULL, zmq.PUSH)
+    bind, connect = ROLES["experience"]  # DEALER blocks at its HWM; acks come back on the same pair
+    assert (bind.kind, connect.kind) == (zmq.ROUTER, zmq.DEALER)
     for name, (b, c) in ROLES.items():
         assert b.bind and not c.bind, name
 
@@ -393,3 +393,31 @@ def test_bench_cleans_up_after_a_dead_child() -> None:
         pair.close()
     assert not any(p.is_alive() for p in pair.procs)
     assert not os.path.exists(pair.dir)
+
+
+@pytest.mark.timeout(20)
+def test_reconnected_reports_a_restarted_peer_once(ipc_dir: str) -> None:
+    async def main() -> None:
+        ctx = zmq.asyncio.Context()
+        endpoint = ipc_endpoint(ipc_dir, "s")
+        try:
+            first = Channel(ctx, "sample", endpoint, binding=True, encoder=Encoder("replay"))
+            dealer = Channel(ctx, "sample", endpoint, binding=False, encoder=Encoder("learner"))
+            await dealer.send(SampleRequest(1, 4))
+            await first.recv(timeout=5)  # connected before anyone watches (as in the services)
+            dealer.watch_connects()
+            await asyncio.sleep(0.2)
+            assert not dealer.reconnected()
+            first.close()
+            second = Channel(ctx, "sample", endpoint, binding=True, encoder=Encoder("replay-2"))
+            deadline = time.monotonic() + 10
+            while not dealer.reconnected():
+                assert time.monotonic() < deadline, "the reconnection was not seen"
+                await asyncio.sleep(0.05)
+            assert not dealer.reconnected()  # reported once
+            await dealer.send(SampleRequest(2, 4))
+            _, msg = await second.recv(timeout=5)
+            assert msg == SampleRequest(2, 4)
+        finally:
+            ctx.destroy(linger=0)
+    asyncio.run(main())

@@ -29,6 +29,8 @@ class ActorLearner(LearnerBase):
     async def serve(self) -> None:
         lc = self.cfg.learner
         self.actor, _ = self.setup(lc.actor_device, shared=False)
+        if (saved := self.restored()) is not None:
+            self.actor.load(saved["actor"])
         to_samplers, to_critic = self.publisher("actor_weights"), self.publisher("actor_sync")
         critics = WeightsFollower(self.channel("weights", binding=False, name="critic_sync"))
         self.critic_updates = 0
@@ -66,4 +68,5 @@ class ActorLearner(LearnerBase):
 
     def state(self) -> dict[str, Any]:
         return {"actor": self.actor.save(), "updates": self.actor.updates,
+                "versions": {"actor": self.actor.updates, "critic_seen": getattr(self, "critic_updates", 0)},
                 "env_steps": self.batches.inserted, "config": to_dict(self.cfg)}

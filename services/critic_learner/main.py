@@ -28,9 +28,12 @@ class CriticLearner(LearnerBase):
     async def serve(self) -> None:
         lc = self.cfg.learner
         _, self.critic = self.setup(lc.critic_device, shared=False)
+        self.actor_seen = 0  # critic-update count at which the newest actor copy was made
+        if (saved := self.restored()) is not None:
+            self.critic.load(saved["critic"])  # with its (target) actor copy
+            self.actor_seen = int(saved.get("versions", {}).get("actor_seen", 0))
         to_actor = self.publisher("critic_sync")
         actors = WeightsFollower(self.channel("weights", binding=False, name="actor_sync"))
-        self.actor_seen = 0  # critic-update count at which the newest actor copy was made
         latest: dict[str, Weights] = {}
         self.send_sync(to_actor)
         while self.running:
@@ -68,4 +71,5 @@ class CriticLearner(LearnerBase):
 
     def state(self) -> dict[str, Any]:
         return {"critic": self.critic.save(), "updates": self.critic.updates,
+                "versions": {"critic": self.critic.updates, "actor_seen": self.actor_seen},
                 "env_steps": self.batches.inserted, "config": to_dict(self.cfg)}

@@ -5,12 +5,16 @@ checkpoints/latest.pt, and checkpoints/best.pt when the return is the best so fa
 holds the evaluated actor, the learners' newest full states (optimizers, temperature,
 counters), the eval record and the config, written atomically (temp file + rename).
 On shutdown it evaluates the newest actor once more if that version is not evaluated yet.
+Its own record (best return, evaluations, last version evaluated) is kept in
+checkpoints/evaluator.json and restored at start, so a resumed run keeps its best.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import os
 import time
 from typing import Any
 
@@ -50,6 +54,28 @@ class Evaluator(Service):
         self.evaluations = 0
         self.started_wall = time.time()
         self.video_task: asyncio.Task[None] | None = None
+        self.restore()
+
+    @property
+    def record_path(self) -> Any:
+        return checkpoint_dir(self.cfg.run_dir) / "evaluator.json"
+
+    def restore(self) -> None:
+        """Best return, evaluation count and last evaluated version of an earlier incarnation."""
+        if not self.record_path.is_file():
+            return
+        rec = json.loads(self.record_path.read_text())
+        self.best = float(rec["best"]) if rec["best"] is not None else -np.inf
+        self.evaluations = int(rec["evaluations"])
+        self.evaluated_version, self.last_eval_updates = int(rec["version"]), int(rec["updates"])
+        log.info("restored evaluator record: %d evaluations, best %.1f", self.evaluations, self.best)
+
+    def save_record(self) -> None:
+        rec = {"best": None if self.best == -np.inf else self.best, "evaluations": self.evaluations,
+               "version": self.evaluated_version, "updates": self.last_eval_updates}
+        tmp = self.record_path.with_name(".evaluator.json.tmp")
+        tmp.write_text(json.dumps(rec))
+        os.replace(tmp, self.record_path)
 
     def counters(self) -> dict[str, Any]:
         return {"evaluations": self.evaluations, "best": float(self.best)}
@@ -119,6 +145,7 @@ class Evaluator(Service):
         if result.return_mean > self.best:
             self.best = result.return_mean
             atomic_save(payload, ckpt / "best.pt")
+        self.save_record()
 
     def learner_states(self) -> dict[str, Any]:
         out = {}

@@ -1,10 +1,18 @@
-"""The parts every learner service shares: model parts, batches, publishing, checkpoints."""
+"""The parts every learner service shares: model parts, batches, publishing, checkpoints.
+
+A learner checkpoints its full state (networks, optimizers, temperature, noise RNGs,
+update counters, weight versions) into checkpoints/<role>.pt every checkpoint_every_s
+and on shutdown (SIGTERM included), and restores it at start when it exists: after a
+crash the supervisor's restart continues from there, and so does `spreeze train --resume`.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -15,6 +23,8 @@ from common.envs import env_spec
 from common.learner_io import BatchStream, atomic_save, checkpoint_dir, device_of
 from common.service import Service
 from common.weights import WeightsPublisher, weights_message
+
+log = logging.getLogger(__name__)
 
 METRICS_EVERY = 1.0  # seconds between metrics messages
 LOSS_EVERY = 50  # updates between loss read-outs (each forces a device sync)
@@ -83,8 +93,22 @@ class LearnerBase(Service):
             self.checkpoint()
             self.last_checkpoint = now
 
+    @property
+    def checkpoint_path(self) -> Path:
+        return checkpoint_dir(self.cfg.run_dir) / f"{self.ROLE}.pt"
+
     def checkpoint(self) -> None:
-        atomic_save(self.state(), checkpoint_dir(self.cfg.run_dir) / f"{self.ROLE}.pt")
+        atomic_save({**self.state(), "torch_rng": torch.get_rng_state()}, self.checkpoint_path)
+
+    def restored(self) -> dict[str, Any] | None:
+        """This learner's own checkpoint, if the run has one (restart after a crash, resume)."""
+        path = self.checkpoint_path
+        if not path.is_file():
+            return None
+        state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=False)
+        torch.set_rng_state(state["torch_rng"])
+        log.info("restoring %s: %d updates, versions %s", path, state["updates"], state.get("versions"))
+        return state
 
     def state(self) -> dict[str, Any]:
         raise NotImplementedError

@@ -24,6 +24,10 @@ class Learner(LearnerBase):
         self.actor, self.critic = self.setup(self.cfg.learner.actor_device, shared=True)
         pub = self.publisher("actor_weights")
         self.updates = 0
+        if (saved := self.restored()) is not None:
+            self.actor.load(saved["actor"])
+            self.critic.load(saved["critic"])
+            self.updates = int(saved["updates"])
         self.publish_actor(pub, self.actor)
         last_publish = time.monotonic()
         interval = self.cfg.learner.publish_interval
@@ -50,4 +54,5 @@ class Learner(LearnerBase):
 
     def state(self) -> dict[str, Any]:
         return {"actor": self.actor.save(), "critic": self.critic.save(), "updates": self.updates,
-                "env_steps": self.batches.inserted, "config": to_dict(self.cfg)}
+                "versions": {"actor": self.actor.updates}, "env_steps": self.batches.inserted,
+                "config": to_dict(self.cfg)}

@@ -1,10 +1,16 @@
-"""Replay: insert Experience, answer SampleRequests, hold the update-to-data ratio.
+"""Replay: insert Experience, answer SampleRequests, hold the update-to-data ratio, persist.
 
-One loop polls the experience PULL socket (only while the rate limiter admits inserts:
-otherwise samplers feel back-pressure at their high-water mark) and the sample ROUTER
-socket. Requests that the limiter refuses wait in a queue and are answered, oldest
-first, as soon as inserts allow; each learner keeps several requests in flight, which
-is the prefetch.
+One loop polls the experience ROUTER socket (only while the rate limiter admits inserts:
+otherwise samplers run out of credit, since acks stop) and the sample ROUTER socket.
+Every Experience batch is answered with an ExperienceAck once stored (or rejected, or
+recognised as a re-sent duplicate: see ledger.py). Requests that the limiter refuses
+wait in a queue and are answered, oldest first, as soon as inserts allow; each learner
+keeps several requests in flight, which is the prefetch.
+
+Persistence (snapshot.py): at start the newest complete snapshot in RUN_DIR/replay is
+restored; every replay.snapshot_every_s a new one is written in chunks between polls,
+and a last one on shutdown. After each snapshot the samplers hear which of their
+batches are durable, and may forget them.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import dataclasses
 import logging
 import time
 from collections import deque
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -27,7 +34,9 @@ from common.rate_limiter import RateLimiter, RateLimiterConfig
 from common.replay_buffer import ReplayBuffer, ReplayInputError
 from common.service import Service
 from common.transport import Channel
-from proto.messages import Error, Experience, SampledBatch, SampleRequest
+from proto.messages import Error, Experience, ExperienceAck, SampledBatch, SampleRequest
+from services.replay.ledger import Ledger, Session
+from services.replay.snapshot import SnapshotWriter, load_latest
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +76,15 @@ class Replay(Service):
                                    seed=self.cfg.seed + 17,
                                    reject_non_finite=self.cfg.replay.reject_non_finite)
         self.limiter = RateLimiter(limiter_config(self.cfg))
+        self.ledger = Ledger(self.cfg.replay.capacity)
         self.pending: deque[tuple[bytes, SampleRequest]] = deque()
         self.rejected = 0
         self.stall_s = {"insert": 0.0, "sample": 0.0}
+        self.snapshot_dir = Path(self.cfg.run_dir) / "replay"
+        self.snapshots: SnapshotWriter | None = None
+        self.snap_stats = {"snapshots": 0, "snapshot_s": 0.0, "snapshot_copy_max_s": 0.0, "restored_rows": 0}
+        self.exp: Channel | None = None
+        self.ready = False  # restored (or found nothing to restore) and serving
 
     def counters(self) -> dict[str, Any]:
         return {"size": self.buffer.size, "inserted": self.limiter.inserts}
@@ -82,8 +97,81 @@ class Replay(Service):
         self.cfg = dataclasses.replace(self.cfg, learner=dataclasses.replace(self.cfg.learner, batch_size=value))
         self.limiter.reconfigure(limiter_config(self.cfg))
 
+
+    # ------------------------------------------------------------ persistence
+    def restore(self) -> bool:
+        """Load the newest complete snapshot of RUN_DIR/replay, if any (exact: rows, counters, RNG)."""
+        meta = load_latest(self.snapshot_dir, self.buffer, self.ledger.owner)
+        if meta is None:
+            return False
+        self.limiter.load_state_dict(meta["limiter"])
+        self.ledger.load(meta["ledger"])
+        for session in self.ledger.sessions.values():
+            session.durable = session.stored  # all of it is in the snapshot just read
+        self.rejected = int(meta["rejected"])
+        self.snap_stats["restored_rows"] = self.buffer.size
+        if self.snapshots is not None:
+            self.snapshots.last = meta
+        log.info("restored replay snapshot %d: %d transitions, %d inserted", meta["k"], self.buffer.size,
+                 self.limiter.inserts)
+        return True
+
+    def snapshot_meta(self) -> dict[str, Any]:
+        return {"buffer": self.buffer.counters(), "rng": self.buffer.rng_state(),
+                "limiter": self.limiter.state_dict(), "ledger": self.ledger.state(), "rejected": self.rejected}
+
+    def snapshot_work(self, now: float) -> None:
+        """Between polls: start a snapshot when due, copy one chunk, announce a finished one."""
+        snaps = self.snapshots
+        if snaps is None:
+            return
+        t0 = time.perf_counter()
+        if snaps.pending is None and now - self.last_snapshot >= self.cfg.replay.snapshot_every_s:
+            snaps.begin(self.buffer, self.snapshot_meta())
+            self.last_snapshot = now
+        snaps.step(self.buffer, self.ledger.owner)
+        self._copy_time(time.perf_counter() - t0)
+        meta = snaps.finished()
+        if meta is not None:
+            self.snapshot_done(meta)
+
+    def _copy_time(self, seconds: float) -> None:
+        self.snap_stats["snapshot_copy_max_s"] = max(self.snap_stats["snapshot_copy_max_s"], seconds)
+
+    def snapshot_done(self, meta: dict[str, Any]) -> None:
+        """Tell every sampler session which of its batches are now durable."""
+        assert self.snapshots is not None
+        self.snap_stats["snapshots"] += 1
+        self.snap_stats["snapshot_s"] = self.snapshots.took_s
+        for sender, sess, stored, *_ in meta["ledger"]["sessions"]:
+            session = self.ledger.sessions.get((sender, sess))
+            if session is not None and stored > session.durable:
+                session.durable = stored
+                self.ack(session, 0, "snapshot")
+
+    async def close(self) -> None:
+        """The final snapshot (samplers were stopped first, so it holds everything acknowledged)."""
+        snaps = self.snapshots
+        if snaps is None or not self.ready:  # stopped while restoring: the ring is not whole yet
+            return
+        if snaps.pending is None:
+            snaps.begin(self.buffer, self.snapshot_meta())
+        meta = await asyncio.to_thread(snaps.write_all, self.buffer, self.ledger.owner)
+        if meta is not None and snaps.pending is None and meta["rows"] < self.buffer.inserted:
+            snaps.begin(self.buffer, self.snapshot_meta())  # the one that was running was older
+            meta = await asyncio.to_thread(snaps.write_all, self.buffer, self.ledger.owner)
+        if meta is not None:
+            self.snapshot_done(meta)
+            log.info("final replay snapshot %d: %d transitions", meta["k"], meta["size"])
+
+    # ------------------------------------------------------------ main loop
     async def serve(self) -> None:
-        exp = self.channel("experience", binding=True)
+        if self.cfg.replay.snapshot_every_s > 0:
+            self.snapshots = SnapshotWriter(self.snapshot_dir)
+        await asyncio.to_thread(self.restore)  # heartbeats go on while a large ring loads
+        self.ready = True
+        self.last_snapshot = time.monotonic()
+        exp = self.exp = self.channel("experience", binding=True)
         smp = self.channel("sample", binding=True)
         poller = zmq.asyncio.Poller()
         poller.register(smp.sock, zmq.POLLIN)
@@ -102,6 +190,7 @@ class Replay(Service):
             if exp.sock in events:
                 self.take_experience(exp)
             await self.answer(smp)
+            self.snapshot_work(time.monotonic())
             await asyncio.sleep(0)  # ready sockets never yield: let heartbeats and control run
             if time.monotonic() - last_metrics >= METRICS_EVERY:
                 self.report()
@@ -131,22 +220,53 @@ class Replay(Service):
             except zmq.Again:
                 return
             if got is not None and isinstance(got[1], Experience):
-                self.insert(got[1], exp.last_sender)
+                self.receive(got[1], exp.last_sender, exp.last_session, got[0])  # type: ignore[arg-type]
 
-    def insert(self, msg: Experience, sender: str) -> None:
+    def receive(self, msg: Experience, sender: str, session: str, peer: bytes) -> str:
+        """Store a batch unless it is a re-sent duplicate or out of order; ack it either way."""
+        s = self.ledger.session(sender, session, peer)
+        if msg.batch and msg.batch <= s.stored:
+            status = "duplicate"  # a re-send after a restart or a timeout: stored already
+            self.ledger.duplicate(sender, len(msg.transitions))
+        elif msg.batch > s.stored + 1:
+            status = "gap"  # an earlier batch was lost with a dead connection: the sampler goes back
+        else:
+            status = "stored" if self.insert(msg, sender) else "rejected"
+            s.stored, s.env_steps = msg.batch or s.stored, msg.env_steps
+        self.ack(s, msg.batch, status)
+        return status
+
+    def ack(self, s: Session, batch: int, status: str) -> None:
+        if self.exp is None or not s.peer:
+            return
+        durable = s.durable if self.snapshots is not None else s.stored  # no snapshots: nothing more to wait for
+        self.exp.send_nowait(ExperienceAck(batch, status, s.stored, durable), to=s.peer)  # a gone peer: dropped
+
+    def insert(self, msg: Experience, sender: str) -> bool:
+        """Store a batch's rows (True), or reject the whole batch (False)."""
+        n = len(msg.transitions)
         if (msg.obs_dim, msg.act_dim) != (self.layout.obs_dim, self.layout.act_dim):
             self.reject(msg, sender, f"obs_dim={msg.obs_dim}, act_dim={msg.act_dim} but replay holds "
                              f"{self.layout.obs_dim}, {self.layout.act_dim} ({self.cfg.env})")
-            return
+            return False
+        if self.snapshots is not None:
+            t0 = time.perf_counter()
+            self.snapshots.before_insert(self.buffer, self.ledger.owner, n)
+            self._copy_time(time.perf_counter() - t0)
+        first, size = self.buffer.inserted, self.buffer.size
         try:
             self.buffer.add_rows(msg.transitions)
         except ReplayInputError as exc:
             self.reject(msg, sender, str(exc))
-            return
-        self.limiter.insert(len(msg.transitions))
+            return False
+        self.ledger.stored(sender, first, n, size)
+        if n:
+            self.limiter.insert(n)
+        return True
 
     def reject(self, msg: Experience, sender: str, why: str) -> None:
         self.rejected += len(msg.transitions)
+        self.ledger.rejected(sender, len(msg.transitions))
         log.warning("rejected %d transitions from %s: %s", len(msg.transitions), sender, why)
 
     async def answer(self, smp: Channel) -> None:
@@ -173,5 +293,7 @@ class Replay(Service):
             "sampled": self.limiter.samples, "evicted": self.buffer.evicted,
             "rejected": self.rejected, "insert_stall_s": self.stall_s["insert"],
             "sample_stall_s": self.stall_s["sample"], "pending_requests": len(self.pending),
+            "duplicates": sum(b["duplicates"] for b in self.ledger.books.values()),
+            **self.snap_stats, **self.ledger.metrics(),
         })
 

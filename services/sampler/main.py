@@ -1,26 +1,36 @@
-"""Sampler: act with the newest actor (random during warm-up), push batches of transitions.
+"""Sampler: act with the newest actor (random during warm-up), send batches of transitions.
 
-Loop: take the newest actor weights if any arrived; step E envs `steps_per_push` times
-writing rows into a fresh matrix; push it (blocks at the replay's high-water mark:
-back-pressure, nothing dropped); publish metrics about once a second.
+Loop: take replay's acks; re-send unacknowledged batches if replay restarted; take the
+newest actor weights if any arrived; if the ack window has credit, step E envs
+`steps_per_push` times writing rows into a fresh matrix and send it, else wait for an
+ack (back-pressure, nothing dropped: see outbox.py); publish metrics about once a second.
+On shutdown it waits (briefly) until replay has stored what was sent.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Any
 
 import numpy as np
+import zmq
 
 from common.envs import EnvBatch
 from common.errors import ConfigError
 from common.numpy_policy import NumpyActor
 from common.service import Service
+from common.transport import Channel
 from common.weights import WeightsFollower, to_state
-from proto.messages import Experience, Weights
+from proto.messages import Experience, ExperienceAck, Weights
+from services.sampler.outbox import Outbox
+
+log = logging.getLogger(__name__)
 
 METRICS_EVERY = 1.0  # seconds between metrics messages
+ACK_WAIT_MS = 50  # poll granularity while out of credit
+FLUSH_TIMEOUT = 5.0  # seconds to wait on shutdown for replay to store the last batches
 
 
 def service_seed(base: int, service_id: str, session: str) -> np.random.SeedSequence:
@@ -41,10 +51,13 @@ class Sampler(Service):
         self.warmup = sc.warmup_steps // sc.num_samplers  # this sampler's share of the warm-up
         self.actor: NumpyActor | None = None
         self.actor_version = -1
+        self.run_env_steps = 0  # env steps of the whole run when the newest actor was published
         self.returns: list[float] = []
         self.lengths: list[int] = []
         self.pushed = 0
         self.steps_per_push = sc.steps_per_push
+        self.outbox = Outbox(sc.ack_window, sc.ack_timeout)
+        self.push: Channel | None = None
 
     def counters(self) -> dict[str, Any]:
         return {"env_steps": self.envs.steps, "actor_version": self.actor_version}
@@ -67,22 +80,44 @@ class Sampler(Service):
         self.envs.steps = steps
 
     async def serve(self) -> None:
-        push = self.channel("experience", binding=False)
+        push = self.push = self.channel("experience", binding=False)
+        push.watch_connects()
         follower = WeightsFollower(self.channel("weights", binding=False, name="actor_weights"))
         last_metrics, last_steps = time.monotonic(), 0
         while self.running:
+            self.take_acks(push)
             if self.paused:
                 await asyncio.sleep(0.05)
                 continue
             newest = follower.poll().get("actor")
             if newest is not None:
                 self.take_weights(newest)
-            await push.send(self.collect())
+            if self.outbox.has_credit():
+                msg = self.outbox.next_resend() or self.outbox.add(self.collect())
+                push.send_nowait(msg)  # a full queue (replay gone): sent again after the reconnect
+            else:
+                await push.sock.poll(ACK_WAIT_MS, zmq.POLLIN)
             await asyncio.sleep(0)  # a send that does not block never yields: let heartbeats and control run
             now = time.monotonic()
             if now - last_metrics >= METRICS_EVERY:
                 self.report(now - last_metrics, self.envs.steps - last_steps)
                 last_metrics, last_steps = now, self.envs.steps
+
+    def take_acks(self, push: Channel) -> None:
+        """Read every queued ack; start a re-send when replay restarted or acks stopped moving
+        (the outbox starts one itself when replay reports a gap)."""
+        restarted = push.reconnected()
+        while True:
+            try:
+                got = push.recv_nowait()
+            except zmq.Again:
+                break
+            if got is not None and isinstance(got[1], ExperienceAck):
+                self.outbox.on_ack(got[1])
+        if restarted or self.outbox.timed_out(time.monotonic()):
+            self.outbox.resend()
+            log.info("re-sending from batch %d (%d kept, %d not yet stored)%s", self.outbox.resend_from,
+                     len(self.outbox.kept), self.outbox.unstored, ": replay restarted" if restarted else "")
 
     def take_weights(self, msg: Weights) -> None:
         state = to_state(msg)
@@ -92,6 +127,12 @@ class Sampler(Service):
         else:
             self.actor.load(state)
         self.actor_version = msg.version
+        self.run_env_steps = int(msg.extras.get("env_steps", 0))
+
+    @property
+    def warmed_up(self) -> bool:
+        """Past its share of the random warm-up, or the run is (a restarted sampler, a resumed run)."""
+        return self.envs.steps >= self.warmup or self.run_env_steps >= self.cfg.sampler.warmup_steps
 
     def collect(self) -> Experience:
         """Step all envs steps_per_push times into a new matrix (the last one may still be in flight)."""
@@ -100,7 +141,7 @@ class Sampler(Service):
         rows = np.empty((steps * n_env, self.layout.width), np.float32)
         returns, lengths = [], []
         for t in range(steps):
-            explore = self.actor is not None and self.envs.steps >= self.warmup
+            explore = self.actor is not None and self.warmed_up
             actions = (self.actor.act(self.envs.obs, self.rng, explore=True) if explore  # type: ignore[union-attr]
                        else self.envs.random_actions(self.rng))
             for ret, length in self.envs.step(actions, rows[t * n_env:(t + 1) * n_env]):
@@ -109,13 +150,16 @@ class Sampler(Service):
         self.returns += returns
         self.lengths += lengths
         self.pushed += 1
-        version = self.actor_version if self.envs.steps > self.warmup else -1
+        version = self.actor_version if self.actor is not None and self.warmed_up else -1
         return Experience(rows, self.layout.obs_dim, self.layout.act_dim, self.envs.steps, version,
                           returns, lengths)
 
     def report(self, dt: float, steps: int) -> None:
+        box = self.outbox
         values: dict[str, Any] = {"env_steps": self.envs.steps, "sampling_hz": steps / dt,
-                                  "actor_version": self.actor_version, "envs": len(self.envs)}
+                                  "actor_version": self.actor_version, "envs": len(self.envs), "batches_sent": box.sent,
+                                  "batches_stored": box.stored, "batches_kept": len(box.kept),
+                                  "resent": box.resends}
         if self.returns:
             values["episode_return"] = float(np.mean(self.returns))
             values["episode_length"] = float(np.mean(self.lengths))
@@ -124,4 +168,14 @@ class Sampler(Service):
         self.publish(values)
 
     async def close(self) -> None:
+        """Wait (bounded) until replay stored every batch sent, then report the final counts."""
+        deadline = time.monotonic() + FLUSH_TIMEOUT
+        while self.push is not None and self.outbox.unstored and time.monotonic() < deadline:
+            self.take_acks(self.push)
+            while self.outbox.has_credit() and (msg := self.outbox.next_resend()) is not None:
+                self.push.send_nowait(msg)
+            await self.push.sock.poll(ACK_WAIT_MS, zmq.POLLIN)
+        if self.outbox.unstored:
+            log.warning("%d batches sent were not acknowledged as stored at exit", self.outbox.unstored)
+        self.report(1.0, 0)
         self.envs.close()

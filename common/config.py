@@ -20,19 +20,21 @@ from common.errors import ConfigError
 from common.sparse import SparseConfig
 
 
+# socket name -> port offset from supervisor.listen's port: the sockets remote samplers need
+TCP_OFFSETS = {"control": 0, "metrics_in": 1, "experience": 2, "actor_weights": 3}
 MAX_PREFETCH = 16  # = the sample sockets' HWM (common/transport.py ROLES): a ROUTER silently drops beyond it
 
 
 @dataclass(frozen=True)
 class SamplerConfig:
-    num_samplers: int = 1  # sampler processes started locally
+    num_samplers: int = 1  # sampler processes started locally (0: only remote samplers, see supervisor.listen)
     envs_per_sampler: int = 4  # vectorized envs stepped by each sampler process
     steps_per_push: int = 16  # env steps per env between Experience pushes (batch = this x envs)
     warmup_steps: int = 10_000  # total env steps (all samplers) acting uniformly at random
 
     def validate(self) -> None:
-        _positive(self, "num_samplers", "envs_per_sampler", "steps_per_push")
-        _non_negative(self, "warmup_steps")
+        _positive(self, "envs_per_sampler", "steps_per_push")
+        _non_negative(self, "num_samplers", "warmup_steps")
 
 
 @dataclass(frozen=True)
@@ -100,10 +102,25 @@ class SupervisorConfig:
     restart_window: float = 300.0  # seconds
     backoff: float = 1.0  # first restart delay in seconds, doubled per restart in the window
     progress_every: float = 5.0  # seconds between console progress lines
+    mode: str = "embedded"  # embedded: start every service as a child | hub: start none, services register (compose)
+    socket_dir: str = ""  # directory of the run's ipc:// sockets ("" = a new private one in /tmp)
+    listen: str = ""  # tcp://HOST:PORT: control on PORT, metrics_in, experience, actor_weights on PORT+1..3
+    keys: str = ""  # CURVE key directory (`spreeze keys`): tcp-facing sockets then admit authorized keys only
+    remote_patience: float = 600.0  # seconds a service reached over tcp:// waits out a silent supervisor
 
     def validate(self) -> None:
-        _positive(self, "heartbeat_interval", "liveness", "start_timeout", "restart_window", "progress_every")
+        _positive(self, "heartbeat_interval", "liveness", "start_timeout", "restart_window", "progress_every",
+                  "remote_patience")
         _non_negative(self, "max_restarts", "backoff")
+        _choice(self, "mode", ("embedded", "hub"))
+        if self.listen:
+            from common.transport import tcp_port  # late: transport imports this module's errors only
+
+            if tcp_port(self.listen) > 65535 - len(TCP_OFFSETS):
+                raise ConfigError(f"supervisor.listen={self.listen!r}: the port needs "
+                                  f"{len(TCP_OFFSETS)} free ports above it")
+        if self.keys and not self.listen:
+            raise ConfigError(f"supervisor.keys={self.keys!r} secures tcp endpoints, but supervisor.listen is not set")
 
 
 @dataclass(frozen=True)
@@ -138,6 +155,9 @@ class Config:
                     raise
                 except ValueError as exc:
                     raise ConfigError(str(exc)) from None
+        if self.sampler.num_samplers == 0 and not self.supervisor.listen and self.supervisor.mode == "embedded":
+            raise ConfigError("sampler.num_samplers=0 starts no sampler: set supervisor.listen so remote "
+                              "samplers can attach, or start at least one")
         lc = self.learner
         delay = self.td3.policy_delay if self.algo == "td3" else 1
         if lc.mode == "split" and lc.max_lag < lc.sync_every * delay - 1:

@@ -190,11 +190,11 @@ async def _register(ctx: zmq.asyncio.Context, role: str, service_id: str,
     timeout = float(os.environ.get(ENV_REGISTER_TIMEOUT) or REGISTER_TIMEOUT)
     deadline = time.monotonic() + timeout
     while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
+        try:
+            _, msg = await control.recv(timeout=max(deadline - time.monotonic(), 0.001))
+        except TransportTimeout:
             hint = "" if keys or not remote else " (a run with CURVE keys refuses clients without them: --keys)"
-            raise TransportTimeout(f"no Welcome from the supervisor at {endpoint} within {timeout:g}s{hint}")
-        _, msg = await control.recv(timeout=left)
+            raise TransportTimeout(f"no Welcome from the supervisor at {endpoint} within {timeout:g}s{hint}") from None
         if isinstance(msg, Error):
             raise PeerError(f"the supervisor at {endpoint} refused the registration: {msg.detail}")
         if isinstance(msg, Welcome):

@@ -322,8 +322,9 @@ class Supervisor:
             for child in self.children.values():
                 if child.registered and child.alive:
                     await self.command(child, "ping")
-            for ext in self.externals.live():
-                self.tell(ext.service_id, "ping")
+            for ext in self.externals.by_id.values():
+                if ext.state != "stopped":  # gone ones too: a recovered one must hear from us again
+                    self.tell(ext.service_id, "ping")
 
     async def command(self, child: Child, command: str, key: str = "", value: Any = None) -> None:
         self.tell(child.spec.service_id, command, key, value)

@@ -29,16 +29,17 @@ LEARNERS = {"split": {"actor_learner", "critic_learner"}, "fused": {"learner"}, 
 NOT_IN_THIS_TREE = {"visualizer"}  # compose services whose module may be missing from a checkout
 
 
-@pytest.mark.parametrize("profile", PROFILES)
-def test_compose_config_is_valid(profile: str) -> None:
+@pytest.mark.parametrize("profile, keys", [(p, False) for p in PROFILES] + [("split", True)])
+def test_compose_config_is_valid(profile: str, keys: bool) -> None:
     exe = shutil.which("docker-compose")
     if exe is None:
         pytest.skip("docker-compose is not installed (.ci/run installs Debian's package)")
-    env = {**os.environ, "COMPOSE_PROFILES": profile}
-    proc = subprocess.run([exe, "-f", str(COMPOSE_FILE), "config"], capture_output=True, text=True,
-                          env=env, cwd=ROOT, timeout=60)
+    env = {**os.environ, "COMPOSE_PROFILES": profile, "SPREEZE_KEYS": "/keys" if keys else ""}
+    files = ["-f", str(COMPOSE_FILE)] + (["-f", str(ROOT / "docker" / "keys.override.yml")] if keys else [])
+    proc = subprocess.run([exe, *files, "config"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "services:" in proc.stdout
+    assert ("supervisor.keys=/keys" in proc.stdout) == keys
 
 
 @pytest.mark.parametrize("profile", PROFILES)

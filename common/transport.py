@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -161,11 +162,24 @@ class Channel:
 
     # ---------------------------------------------------------------- receiving
     async def recv(self, timeout: float | None = None) -> tuple[bytes | None, Message]:
-        """Next valid message (sender identity on ROUTER sockets, else None)."""
+        """Next valid message (sender identity on ROUTER sockets, else None).
+
+        With a timeout, the message is taken without blocking once poll says one is there:
+        another coroutine reading the same socket may take it first, and an unbounded
+        receive would then outlive the timeout.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            if timeout is not None and not await self.sock.poll(int(timeout * 1000), zmq.POLLIN):
-                raise TransportTimeout(f"no message on {self.role} {self.endpoint} within {timeout}s")
-            frames = await self.sock.recv_multipart(copy=False)
+            if deadline is None:
+                frames = await self.sock.recv_multipart(copy=False)
+            else:
+                left = deadline - time.monotonic()
+                if left <= 0 or not await self.sock.poll(max(int(left * 1000), 1), zmq.POLLIN):
+                    raise TransportTimeout(f"no message on {self.role} {self.endpoint} within {timeout}s")
+                try:
+                    frames = self.now.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    continue  # another reader took it
             got = self.parse(frames)
             if got is not None:
                 return got

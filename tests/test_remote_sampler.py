@@ -108,7 +108,9 @@ def test_remote_sampler_attaches_over_tcp_and_leaves_the_accounting_when_killed(
     assert second.returncode == 0, sampler_out
     assert stalled < 3000 <= inserted(run)  # the rest came from the second remote sampler
     events = [(e["event"], e.get("service")) for e in records(run, "event")]
-    assert ("join", "remote-a") in events and ("leave", "remote-a") in events and ("join", "remote-b") in events
+    # events ride the metrics bus (PUB: the first ones may be dropped while it connects); remote-a's
+    # join was seen in services.json above
+    assert ("leave", "remote-a") in events and ("join", "remote-b") in events
     final = roster(run)
     assert final["remote-a"]["state"] == "gone" and final["remote-b"]["state"] == "stopped"
     assert not pid_alive(second.pid)

@@ -67,3 +67,12 @@ def test_bench_update_smoke(tmp_path: Path) -> None:
     assert 0 <= row["spreeze_batch_wait_fraction"] <= 1.05  # a share of the time (clocks of two processes)
     # the learner really trained on the filled replay, through the sockets
     assert (tmp_path / "runs" / "r0-td3-b64" / "checkpoints" / "learner.pt").exists()
+
+
+@pytest.mark.timeout(120)
+def test_bench_remote_tiny_run(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli(["bench", "remote", "--rows", "64", "--messages", "20", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    for path in ("ipc", "tcp", "tcp+curve"):
+        assert f"  {path} " in out
+    assert "1.00 of ipc" in out

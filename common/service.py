@@ -165,6 +165,17 @@ def run_keys(cfg: Config | None) -> str | None:
     return keys
 
 
+def register_timeout() -> float:
+    raw = os.environ.get(ENV_REGISTER_TIMEOUT) or str(REGISTER_TIMEOUT)
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ConfigError(f"{ENV_REGISTER_TIMEOUT}={raw!r} must be a number of seconds > 0")
+    return value
+
+
 def reachable(endpoints: dict[str, str], control: str) -> dict[str, str]:
     """tcp endpoints bound on a wildcard address, rewritten to the host we reached control on."""
     host = tcp_host(control)
@@ -187,7 +198,7 @@ async def _register(ctx: zmq.asyncio.Context, role: str, service_id: str,
     remote = endpoint.startswith("tcp://")
     await control.send(Register(role=role, pid=os.getpid(), host=socket.gethostname(),
                                 service_id=service_id, remote=remote))
-    timeout = float(os.environ.get(ENV_REGISTER_TIMEOUT) or REGISTER_TIMEOUT)
+    timeout = register_timeout()
     deadline = time.monotonic() + timeout
     while True:
         try:

@@ -133,3 +133,14 @@ def test_health_socket_answers_with_the_state(tmp_path: Path) -> None:
     run(body(), timeout=15)
     ok, detail = probe(f"ipc://{tmp_path}/nobody", timeout=0.5)
     assert not ok and "no answer" in detail
+
+
+@pytest.mark.parametrize("raw", ["soon", "0", "-3"])
+def test_register_timeout_refused_by_name(raw: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from common.service import ENV_REGISTER_TIMEOUT, register_timeout
+
+    monkeypatch.setenv(ENV_REGISTER_TIMEOUT, raw)
+    with pytest.raises(ConfigError, match=f"{ENV_REGISTER_TIMEOUT}='{raw}'"):
+        register_timeout()
+    monkeypatch.setenv(ENV_REGISTER_TIMEOUT, "2.5")
+    assert register_timeout() == 2.5

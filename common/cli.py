@@ -1,4 +1,4 @@
-"""The `spreeze` command line: train, eval, plot, bench, results."""
+"""The `spreeze` command line: train, eval, plot, bench, results, sampler, keys, health."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from common.config import Config, field_docs, given_keys, load_config, parse_ove
 from common.errors import ConfigError, SpreezeError
 from common.sparse import NETWORKS
 
-BENCHES = ("transport", "learning", "sampling", "update", "e2e", "tuner", "snapshot")  # modules bench/<name>.py
+BENCHES = ("transport", "learning", "sampling", "update", "e2e", "tuner", "snapshot", "remote")  # modules bench/<name>.py
 
 
 def _train_parser(sub: argparse._SubParsersAction) -> None:
@@ -40,18 +40,25 @@ def _train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", metavar="RUN_DIR",
                    help="continue a stopped or crashed run with its saved config; only budget keys "
                         f"({', '.join(RESUMABLE_KEYS)}) may be changed")
+    p.add_argument("--listen", metavar="tcp://HOST:PORT",
+                   help="let remote samplers attach on PORT (and PORT+1..3) (config key supervisor.listen)")
+    p.add_argument("--keys", metavar="DIR",
+                   help="CURVE key directory from `spreeze keys`: tcp endpoints admit its authorized clients "
+                        "only (config key supervisor.keys)")
     p.add_argument("--quiet", action="store_true", help="no console progress lines")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
 
 
-RESUMABLE_KEYS = ("total_steps", "time_limit")  # a resumed run may get a new budget, nothing else
+RESUMABLE_KEYS = ("total_steps", "time_limit", "supervisor.listen", "supervisor.keys")  # budget and where it listens
 RUN_STATE = ("checkpoints", "replay")  # what a started run leaves in its run directory
 
 
 def train_overrides(args: argparse.Namespace) -> list[str]:
     """key=value overrides of `spreeze train`, the named flags included."""
     flags = {"env": args.env, "algo": args.algo, "seed": args.seed, "total_steps": args.total_steps,
-             "time_limit": args.time_limit, "run_dir": args.run_dir, "sparse.network": args.network}
+             "time_limit": args.time_limit, "run_dir": args.run_dir, "sparse.network": args.network,
+             "supervisor.listen": args.listen,
+             "supervisor.keys": str(Path(args.keys).resolve()) if args.keys else None}
     return list(args.overrides) + [f"{k}={v}" for k, v in flags.items() if v is not None]
 
 
@@ -148,6 +155,68 @@ def cmd_results(argv: list[str]) -> int:
     return results_main(argv)
 
 
+def cmd_sampler(args: argparse.Namespace) -> int:
+    """A sampler process attaching to a running training from anywhere (`--connect`)."""
+    import os
+
+    from common.service import ENV_CONTROL, ENV_KEY_NAME, ENV_KEYS, ENV_REGISTER_TIMEOUT, ENV_SERVICE_ID, run_service
+    from common.transport import check_endpoint
+
+    os.environ[ENV_CONTROL] = check_endpoint(args.connect)
+    if args.keys:
+        os.environ[ENV_KEYS] = str(Path(args.keys).resolve())
+        os.environ[ENV_KEY_NAME] = args.key_name
+    if args.id:
+        os.environ[ENV_SERVICE_ID] = args.id
+    if args.register_timeout is not None:
+        os.environ[ENV_REGISTER_TIMEOUT] = str(args.register_timeout)
+    from services.sampler.main import Sampler
+
+    run_service(Sampler)  # exits 1 on a crash
+    return 0
+
+
+def cmd_keys(args: argparse.Namespace) -> int:
+    from common.curve import make_keys
+
+    d = make_keys(args.dir, args.client)
+    print(f"CURVE keys in {d}: server pair server.key(_secret), client pair {args.client}.key(_secret), "
+          f"authorized/{args.client}.key.\nTrainer: spreeze train --listen tcp://HOST:PORT --keys {d}\n"
+          f"Remote sampler host: copy {d / 'server.key'} and {d / (args.client + '.key_secret')} into one "
+          f"directory D there, then: spreeze sampler --connect tcp://HOST:PORT --keys D"
+          + (f" --key-name {args.client}" if args.client != "client" else ""))
+    return 0
+
+
+def cmd_health(args: argparse.Namespace) -> int:
+    import os
+
+    from common.health import ENV_HEALTH, probe
+
+    endpoint = args.endpoint or os.environ.get(ENV_HEALTH)
+    if not endpoint:
+        print(f"spreeze health: give an endpoint or set {ENV_HEALTH}", file=sys.stderr)
+        return 2
+    ok, detail = probe(endpoint, args.timeout)
+    print(f"{'healthy' if ok else 'unhealthy'}: {detail}")
+    return 0 if ok else 1
+
+
+def _remote_parsers(sub: argparse._SubParsersAction) -> None:
+    s = sub.add_parser("sampler", help="attach a sampler to a running training (spreeze train --listen)")
+    s.add_argument("--connect", required=True, metavar="tcp://HOST:PORT", help="the trainer's --listen address")
+    s.add_argument("--keys", metavar="DIR", help="directory holding server.key and the client pair (CURVE)")
+    s.add_argument("--key-name", default="client", help="client pair name in --keys (default client)")
+    s.add_argument("--id", help="service id (default sampler-<host>-<pid>)")
+    s.add_argument("--register-timeout", type=float, help="seconds to wait for the trainer's welcome (default 30)")
+    k = sub.add_parser("keys", help="make CURVE server and client key pairs for tcp endpoints")
+    k.add_argument("dir")
+    k.add_argument("--client", default="client", help="name of the client pair (run again for more clients)")
+    h = sub.add_parser("health", help="ask a service over its health socket; exit 0 when it answers healthy")
+    h.add_argument("endpoint", nargs="?", help="health endpoint (default: $SPREEZE_HEALTH)")
+    h.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for the answer")
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="spreeze", description="High-throughput actor-critic RL.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -164,6 +233,7 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("rest", nargs=argparse.REMAINDER, help="arguments of the benchmark")
     sub.add_parser("results", add_help=False,  # parsed by bench.results (see main)
                    help="train dense | static | ds over seeds, table in results/<env>.md (has --help)")
+    _remote_parsers(sub)
     return p
 
 
@@ -180,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = list(args.overrides) + extra
     elif extra and args.command != "bench":
         p.error(f"unrecognized arguments: {' '.join(extra)}")
-    handlers = {"train": cmd_train, "eval": cmd_eval, "plot": cmd_plot, "bench": cmd_bench}
+    handlers = {"train": cmd_train, "eval": cmd_eval, "plot": cmd_plot, "bench": cmd_bench,
+                "sampler": cmd_sampler, "keys": cmd_keys, "health": cmd_health}
     return guarded(args.command, lambda: handlers[args.command](args))
 
 

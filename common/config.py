@@ -20,13 +20,15 @@ from common.errors import ConfigError
 from common.sparse import SparseConfig
 
 
+# socket name -> port offset from supervisor.listen's port: the sockets remote samplers need
+TCP_OFFSETS = {"control": 0, "metrics_in": 1, "experience": 2, "actor_weights": 3}
 MAX_PREFETCH = 16  # = the sample sockets' HWM (common/transport.py ROLES): a ROUTER silently drops beyond it
 MAX_ACK_WINDOW = 8  # half the experience sockets' HWM: a window plus its re-sent copy always fit
 
 
 @dataclass(frozen=True)
 class SamplerConfig:
-    num_samplers: int = 1  # sampler processes started locally
+    num_samplers: int = 1  # sampler processes started locally (0: only remote samplers, see supervisor.listen)
     envs_per_sampler: int = 4  # vectorized envs stepped by each sampler process
     steps_per_push: int = 16  # env steps per env between Experience pushes (batch = this x envs)
     warmup_steps: int = 10_000  # total env steps (all samplers) acting uniformly at random
@@ -34,8 +36,8 @@ class SamplerConfig:
     ack_timeout: float = 10.0  # seconds without ack progress before unacknowledged batches are re-sent
 
     def validate(self) -> None:
-        _positive(self, "num_samplers", "envs_per_sampler", "steps_per_push", "ack_window", "ack_timeout")
-        _non_negative(self, "warmup_steps")
+        _positive(self, "envs_per_sampler", "steps_per_push", "ack_window", "ack_timeout")
+        _non_negative(self, "num_samplers", "warmup_steps")
         if self.ack_window > MAX_ACK_WINDOW:
             raise ConfigError(f"sampler.ack_window={self.ack_window!r} must be <= {MAX_ACK_WINDOW} "
                               "(a window and its re-sent copy must fit the experience socket's HWM)")
@@ -136,15 +138,29 @@ class SupervisorConfig:
     max_envs_per_sampler: int = 64  # most envs per sampler the tuner may set
     min_batch_size: int = 32  # smallest batch size the tuner may set
     max_batch_size: int = 1024  # largest batch size the tuner may set (larger rarely learns faster per step)
+    mode: str = "embedded"  # embedded: start every service as a child | hub: start none, services register (compose)
+    socket_dir: str = ""  # directory of the run's ipc:// sockets ("" = a new private one in /tmp)
+    listen: str = ""  # tcp://HOST:PORT: control on PORT, metrics_in, experience, actor_weights on PORT+1..3
+    keys: str = ""  # CURVE key directory (`spreeze keys`): tcp-facing sockets then admit authorized keys only
+    remote_patience: float = 600.0  # seconds a service reached over tcp:// waits out a silent supervisor
 
     def validate(self) -> None:
         _positive(self, "heartbeat_interval", "liveness", "start_timeout", "restart_window", "progress_every",
-                  "tune_window", "max_envs_per_sampler", "min_batch_size", "max_batch_size")
+                  "tune_window", "max_envs_per_sampler", "min_batch_size", "max_batch_size", "remote_patience")
         _non_negative(self, "max_restarts", "backoff", "tune_settle", "tune_min_gain", "tune_cooldown",
                       "max_samplers")
+        _choice(self, "mode", ("embedded", "hub"))
         if self.min_batch_size > self.max_batch_size:
             raise ConfigError(f"supervisor.min_batch_size={self.min_batch_size} exceeds "
                               f"supervisor.max_batch_size={self.max_batch_size}")
+        if self.listen:
+            from common.transport import tcp_port  # late: transport imports this module's errors only
+
+            if tcp_port(self.listen) > 65535 - len(TCP_OFFSETS):
+                raise ConfigError(f"supervisor.listen={self.listen!r}: the port needs "
+                                  f"{len(TCP_OFFSETS)} free ports above it")
+        if self.keys and not self.listen:
+            raise ConfigError(f"supervisor.keys={self.keys!r} secures tcp endpoints, but supervisor.listen is not set")
 
 
 @dataclass(frozen=True)
@@ -180,6 +196,9 @@ class Config:
                     raise
                 except ValueError as exc:
                     raise ConfigError(str(exc)) from None
+        if self.sampler.num_samplers == 0 and not self.supervisor.listen and self.supervisor.mode == "embedded":
+            raise ConfigError("sampler.num_samplers=0 starts no sampler: set supervisor.listen so remote "
+                              "samplers can attach, or start at least one")
         lc = self.learner
         if lc.batch_size * lc.batches_per_request > self.replay.capacity:
             raise ConfigError(f"learner.batch_size x learner.batches_per_request = "

@@ -4,7 +4,13 @@ A service is started with SPREEZE_CONTROL (the supervisor's control endpoint) an
 SPREEZE_SERVICE_ID in its environment. It registers, receives its endpoints and the
 run config in the Welcome, then runs `serve()` beside two small tasks on the SAME event
 loop: heartbeats (so a stuck loop looks dead) and control handling. Crash-only: an
-unrecoverable error is logged and the process exits non-zero; the supervisor restarts it.
+unrecoverable error is logged and the process exits non-zero; the supervisor restarts it
+(or, for a service it did not start, the service's owner: a compose restart policy).
+
+Optional environment: SPREEZE_KEYS (CURVE key directory: the sockets that also face
+tcp:// are secured), SPREEZE_HEALTH (an endpoint answering health pings, common/health.py).
+A service whose control endpoint is tcp:// is remote: it is given tcp endpoints and waits
+out a silent supervisor for supervisor.remote_patience seconds (network loss) before exiting.
 """
 
 from __future__ import annotations
@@ -23,15 +29,21 @@ import zmq.asyncio
 
 from common.codec import Encoder
 from common.config import Config, from_dict
+from common.curve import CurveKeys, client_keys, server_keys, start_authenticator
 from common.errors import ConfigError, PeerError, TransportTimeout
-from common.transport import Channel, transport_seconds
-from proto.messages import Control, ControlReply, Heartbeat, Metrics, Register, Welcome
+from common.health import ENV_HEALTH, serve_health
+from common.transport import Channel, tcp_host, transport_seconds
+from proto.messages import Control, ControlReply, Error, Heartbeat, Metrics, Register, Welcome
 
 log = logging.getLogger(__name__)
 
 ENV_CONTROL = "SPREEZE_CONTROL"  # supervisor control endpoint
 ENV_SERVICE_ID = "SPREEZE_SERVICE_ID"  # this process's service id
+ENV_KEYS = "SPREEZE_KEYS"  # CURVE key directory made by `spreeze keys` (a run with supervisor.keys needs it)
+ENV_KEY_NAME = "SPREEZE_KEY_NAME"  # which client pair of that directory to use (default "client")
+ENV_REGISTER_TIMEOUT = "SPREEZE_REGISTER_TIMEOUT"  # overrides REGISTER_TIMEOUT (seconds)
 REGISTER_TIMEOUT = 30.0  # seconds to wait for the supervisor's Welcome
+WILDCARD_HOSTS = ("*", "0.0.0.0", "::", "[::]", "")  # bind-all addresses, not reachable as such
 
 
 class Service:
@@ -46,6 +58,10 @@ class Service:
         self.endpoints = welcome.endpoints
         self.heartbeat_interval = welcome.heartbeat_interval
         self.ctx, self.control, self.encoder = ctx, control, encoder
+        self.tcp = welcome.tcp  # sockets that also face tcp:// (CURVE-secured when the run has keys)
+        self.remote = control.endpoint.startswith("tcp://")
+        self.keys = run_keys(self.cfg)
+        self.authenticator: Any = None
         self.stopping = asyncio.Event()
         self.paused = False
         self.started = time.monotonic()
@@ -73,8 +89,26 @@ class Service:
             raise ConfigError(f"{self.ROLE}: the supervisor gave no endpoint {name!r}") from None
 
     def channel(self, role: str, binding: bool, name: str | None = None, **kw: Any) -> Channel:
-        return Channel(self.ctx, role, self.endpoint(name or role), binding=binding,
-                       encoder=self.encoder, **kw)
+        """The socket `name` (default: the role's name); a binder also binds its tcp endpoint."""
+        name = name or role
+        endpoint = self.endpoint(name)
+        also = (self.tcp[name],) if binding and name in self.tcp and self.tcp[name] != endpoint else ()
+        curve = self.curve(binding) if name in self.tcp else None
+        return Channel(self.ctx, role, endpoint, binding=binding, encoder=self.encoder, also=also,
+                       curve=curve, **kw)
+
+    def curve(self, server: bool) -> CurveKeys | None:
+        """Key pair for a tcp-facing socket (None in a run without keys); servers start the ZAP handler."""
+        if self.keys is None:
+            return None
+        if not server:
+            return client_keys(self.keys, os.environ.get(ENV_KEY_NAME, "client"))
+        if self.authenticator is None:
+            self.authenticator = start_authenticator(self.ctx, self.keys)
+        return server_keys(self.keys)
+
+    def health_state(self) -> str:
+        return "stopping" if self.stopping.is_set() else "paused" if self.paused else "running"
 
     def publish(self, values: dict[str, Any]) -> None:
         """Metrics are best effort: a full PUB queue drops them. Every record also carries the
@@ -88,7 +122,9 @@ class Service:
 
     # ------------------------------------------------------------ background tasks
     async def heartbeats(self) -> None:
-        liveness = self.cfg.supervisor.liveness * self.heartbeat_interval
+        # remote: the network may drop for a while; ZeroMQ reconnects and heartbeats resume
+        liveness = (self.cfg.supervisor.remote_patience if self.remote
+                    else self.cfg.supervisor.liveness * self.heartbeat_interval)
         while self.running:
             await self.control.send(Heartbeat(self.service_id, "paused" if self.paused else "running",
                                               self.counters()))
@@ -122,21 +158,62 @@ class Service:
 
 # ---------------------------------------------------------------- process entry
 
+def run_keys(cfg: Config | None) -> str | None:
+    """The CURVE key directory of this process (SPREEZE_KEYS), checked against the run's config."""
+    keys = os.environ.get(ENV_KEYS) or None
+    if keys is None and cfg is not None and cfg.supervisor.keys:
+        raise ConfigError(f"the run requires CURVE keys (supervisor.keys={cfg.supervisor.keys!r}): "
+                          f"set {ENV_KEYS} to a key directory (spreeze sampler --keys DIR)")
+    return keys
+
+
+def register_timeout() -> float:
+    raw = os.environ.get(ENV_REGISTER_TIMEOUT) or str(REGISTER_TIMEOUT)
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ConfigError(f"{ENV_REGISTER_TIMEOUT}={raw!r} must be a number of seconds > 0")
+    return value
+
+
+def reachable(endpoints: dict[str, str], control: str) -> dict[str, str]:
+    """tcp endpoints bound on a wildcard address, rewritten to the host we reached control on."""
+    host = tcp_host(control)
+    out = {}
+    for name, ep in endpoints.items():
+        if ep.startswith("tcp://") and tcp_host(ep) in WILDCARD_HOSTS:
+            ep = f"tcp://{host}:{ep.rpartition(':')[2]}"
+        out[name] = ep
+    return out
+
+
 async def _register(ctx: zmq.asyncio.Context, role: str, service_id: str,
                     encoder: Encoder) -> tuple[Channel, Welcome]:
     endpoint = os.environ.get(ENV_CONTROL)
     if not endpoint:
         raise ConfigError(f"{ENV_CONTROL} is not set: a service needs the supervisor's control endpoint")
-    control = Channel(ctx, "control", endpoint, binding=False, encoder=encoder, identity=service_id)
+    keys = run_keys(None)
+    curve = client_keys(keys, os.environ.get(ENV_KEY_NAME, "client")) if keys else None
+    control = Channel(ctx, "control", endpoint, binding=False, encoder=encoder, identity=service_id, curve=curve)
+    remote = endpoint.startswith("tcp://")
     await control.send(Register(role=role, pid=os.getpid(), host=socket.gethostname(),
-                                service_id=service_id))
-    deadline = time.monotonic() + REGISTER_TIMEOUT
+                                service_id=service_id, remote=remote))
+    timeout = register_timeout()
+    deadline = time.monotonic() + timeout
     while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TransportTimeout(f"no Welcome from the supervisor at {endpoint} within {REGISTER_TIMEOUT}s")
-        _, msg = await control.recv(timeout=left)
+        try:
+            _, msg = await control.recv(timeout=max(deadline - time.monotonic(), 0.001))
+        except TransportTimeout:
+            hint = "" if keys or not remote else " (a run with CURVE keys refuses clients without them: --keys)"
+            raise TransportTimeout(f"no Welcome from the supervisor at {endpoint} within {timeout:g}s{hint}") from None
+        if isinstance(msg, Error):
+            raise PeerError(f"the supervisor at {endpoint} refused the registration: {msg.detail}")
         if isinstance(msg, Welcome):
+            if remote:
+                msg.endpoints = reachable(msg.endpoints, endpoint)
+                msg.tcp = reachable(msg.tcp, endpoint)
             return control, msg
 
 
@@ -148,7 +225,10 @@ async def _main(cls: type[Service]) -> None:
     svc = cls(welcome.service_id or service_id, welcome, ctx, control, encoder)
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, svc.stopping.set)
-    tasks = [asyncio.create_task(t) for t in (svc.serve(), svc.heartbeats(), svc.control_loop())]
+    jobs = [svc.serve(), svc.heartbeats(), svc.control_loop()]
+    if os.environ.get(ENV_HEALTH):
+        jobs.append(serve_health(ctx, os.environ[ENV_HEALTH], encoder, svc.health_state))
+    tasks = [asyncio.create_task(t) for t in jobs]
     stop = asyncio.create_task(svc.stopping.wait())
     done, _ = await asyncio.wait([*tasks, stop], return_when=asyncio.FIRST_COMPLETED)
     for task in done:
@@ -159,6 +239,10 @@ async def _main(cls: type[Service]) -> None:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
     await svc.close()
+    # the last heartbeat: a supervisor that did not start us cannot see us exit otherwise
+    control.send_nowait(Heartbeat(svc.service_id, "stopped", svc.counters()))
+    if svc.authenticator is not None:
+        svc.authenticator.stop()
     ctx.destroy(linger=1000)
 
 

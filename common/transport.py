@@ -70,6 +70,8 @@ ROLES: dict[str, tuple[Role, Role]] = {
     "metrics_out": (Role(zmq.XPUB, True, 1000, 0), Role(zmq.SUB, False, 1000, 0)),
     # Control: small messages, must not be lost while the peer lives; 1 s to flush a shutdown.
     "control": (Role(zmq.ROUTER, True, 1000, 1000), Role(zmq.DEALER, False, 1000, 1000)),
+    # Health: one ping, one reply (`spreeze health`); nothing worth keeping after a close.
+    "health": (Role(zmq.ROUTER, True, 16, 0), Role(zmq.DEALER, False, 16, 0)),
 }
 
 
@@ -99,14 +101,33 @@ def check_endpoint(endpoint: str) -> str:
     return endpoint
 
 
+def tcp_host(endpoint: str) -> str:
+    """'tcp://HOST:PORT' -> HOST (brackets of an IPv6 address kept)."""
+    return endpoint[len("tcp://"):].rpartition(":")[0]
+
+
+def tcp_port(endpoint: str) -> int:
+    """'tcp://HOST:PORT' -> PORT, or ConfigError naming the endpoint."""
+    host, _, port = endpoint[len("tcp://"):].rpartition(":") if endpoint.startswith("tcp://") else ("", "", "")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"endpoint {endpoint!r} must be tcp://HOST:PORT with a port in 1..65535")
+    return int(port)
+
+
 class Channel:
-    """One ZeroMQ socket speaking the protocol."""
+    """One ZeroMQ socket speaking the protocol.
+
+    `also` lists further endpoints the same socket binds (or connects): a binding service
+    serves local peers on ipc:// and remote ones on tcp:// with one socket. CURVE keys,
+    when given, secure the socket on every endpoint (ZeroMQ's security is per socket).
+    """
 
     def __init__(self, ctx: zmq.asyncio.Context, role: str, endpoint: str, *, binding: bool,
                  encoder: Encoder, identity: str | None = None, limits: Limits = DEFAULT_LIMITS,
-                 curve: CurveKeys | None = None, hwm: int | None = None) -> None:
+                 curve: CurveKeys | None = None, hwm: int | None = None, also: tuple[str, ...] = ()) -> None:
         spec = ROLES[role][0 if binding else 1]
         self.role, self.endpoint, self.encoder, self.limits = role, check_endpoint(endpoint), encoder, limits
+        self.endpoints = (self.endpoint, *(check_endpoint(e) for e in also))
         self.is_router = spec.kind == zmq.ROUTER
         self.errors: Counter[str] = Counter()
         # header of the last valid message parsed (sender id, session, sequence number)
@@ -127,14 +148,15 @@ class Channel:
             self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted peer takes over its identity
         if spec.kind == zmq.SUB:
             self.sock.setsockopt(zmq.SUBSCRIBE, b"")
-        if curve is not None and endpoint.startswith("tcp://"):
+        if curve is not None:
             curve.apply(self.sock, server=binding)
-        try:
-            (self.sock.bind if binding else self.sock.connect)(endpoint)
-        except zmq.ZMQError as exc:
-            self.sock.close(linger=0)
-            raise ConfigError(f"cannot {'bind' if binding else 'connect'} {role} socket to "
-                              f"{endpoint!r}: {exc}") from None
+        for each in self.endpoints:
+            try:
+                (self.sock.bind if binding else self.sock.connect)(each)
+            except zmq.ZMQError as exc:
+                self.sock.close(linger=0)
+                raise ConfigError(f"cannot {'bind' if binding else 'connect'} {role} socket to "
+                                  f"{each!r}: {exc}") from None
 
     # ------------------------------------------------------------------ sending
     async def send(self, msg: Message, to: bytes | None = None) -> None:
@@ -162,14 +184,31 @@ class Channel:
 
     # ---------------------------------------------------------------- receiving
     async def recv(self, timeout: float | None = None) -> tuple[bytes | None, Message]:
-        """Next valid message (sender identity on ROUTER sockets, else None)."""
+        """Next valid message (sender identity on ROUTER sockets, else None).
+
+        With a timeout, the message is taken without blocking once poll says one is there:
+        another coroutine reading the same socket may take it first, and an unbounded
+        receive would then outlive the timeout.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            if timeout is not None and not await self.sock.poll(int(timeout * 1000), zmq.POLLIN):
-                raise TransportTimeout(f"no message on {self.role} {self.endpoint} within {timeout}s")
-            t0 = time.perf_counter()
-            received = self.sock.recv_multipart(copy=False)  # done now if a message is queued
-            _account(t0)
-            got = self.parse(await received)
+            if deadline is None:
+                t0 = time.perf_counter()
+                received = self.sock.recv_multipart(copy=False)  # done now if a message is queued
+                _account(t0)
+                frames = await received
+            else:
+                left = deadline - time.monotonic()
+                if left <= 0 or not await self.sock.poll(max(int(left * 1000), 1), zmq.POLLIN):
+                    raise TransportTimeout(f"no message on {self.role} {self.endpoint} within {timeout}s")
+                t0 = time.perf_counter()
+                try:
+                    frames = self.now.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    continue  # another reader took it
+                finally:
+                    _account(t0)
+            got = self.parse(frames)
             if got is not None:
                 return got
 

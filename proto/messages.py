@@ -18,7 +18,7 @@ import numpy as np
 from common.codec import Encoder, Envelope
 from common.errors import SchemaError, UnknownTypeError
 
-SPEC_VERSION = "1.2"  # proto/SPEC.md document version; wire major version is codec.PROTOCOL_VERSION
+SPEC_VERSION = "1.3"  # proto/SPEC.md document version; wire major version is codec.PROTOCOL_VERSION
 
 ArrayMap = dict[str, np.ndarray]
 
@@ -232,6 +232,7 @@ class Register(Message):
     pid: int
     host: str
     service_id: str = ""  # requested id ("" = let the supervisor choose)
+    remote: bool = False  # reached the supervisor over tcp://: wants tcp endpoints in the Welcome
 
 
 @dataclass(slots=True)
@@ -243,6 +244,7 @@ class Welcome(Message):
     endpoints: dict[str, str]
     config: dict[str, Any]
     heartbeat_interval: float  # seconds between heartbeats the supervisor expects
+    tcp: dict[str, str] = field(default_factory=dict)  # socket name -> tcp endpoint its binder also binds
 
 
 @dataclass(slots=True)
@@ -251,7 +253,7 @@ class Heartbeat(Message):
 
     TYPE: ClassVar[str] = "heartbeat"
     service_id: str
-    state: str  # "running" | "paused"
+    state: str  # "running" | "paused" | "stopped" (the last one, sent on a clean exit)
     counters: dict[str, Any] = field(default_factory=dict)
 
 

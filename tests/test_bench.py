@@ -131,3 +131,12 @@ def test_bench_snapshot_smoke(tmp_path: Path) -> None:
     assert got["full"]["rows_written"] == 20_000 and got["full"]["bytes"] > 20_000 * got["row_bytes"]
     assert 3000 <= got["increment"]["rows_written"] < 20_000  # only the rows added since
     assert got["restore_s"] > 0 and got["full"]["max_call_ms"] > 0
+
+
+@pytest.mark.timeout(120)
+def test_bench_remote_tiny_run(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli(["bench", "remote", "--rows", "64", "--messages", "20", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    for path in ("ipc", "tcp", "tcp+curve"):
+        assert f"  {path} " in out
+    assert "1.00 of ipc" in out

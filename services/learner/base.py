@@ -16,6 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+# torch.optim imports torch._dynamo on the first optimizer: seconds on a small, busy machine.
+# Import it here, before the service registers, not inside the event loop where it would
+# silence the heartbeats long enough for the supervisor to declare the learner dead.
+import torch._dynamo  # noqa: F401
 
 from common.algorithms import ActorPart, CriticPart, make_parts
 from common.errors import ConfigError

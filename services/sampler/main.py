@@ -48,7 +48,7 @@ class Sampler(Service):
         self.rng = np.random.default_rng(seq)
         self.envs = EnvBatch(self.cfg.env, sc.envs_per_sampler, int(seq.generate_state(1)[0] % (1 << 30)))
         self.layout = self.envs.layout
-        self.warmup = sc.warmup_steps // sc.num_samplers  # this sampler's share of the warm-up
+        self.warmup = sc.warmup_steps // max(sc.num_samplers, 1)  # remote-only runs: 0 local samplers
         self.actor: NumpyActor | None = None
         self.actor_version = -1
         self.run_env_steps = 0  # env steps of the whole run when the newest actor was published

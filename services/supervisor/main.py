@@ -1,10 +1,13 @@
-"""Supervisor (local mode): start every service, watch it, restart it, stop at the budget.
+"""Supervisor: start every service, watch it, restart it, stop at the budget.
 
 Reads top to bottom: `run()` binds the hub sockets, starts the children, then runs four
 loops until the budget is spent or a signal arrives: control (registrations and
 heartbeats), metrics (metrics.jsonl), watch (crashes, silence, restarts) and progress
 (the console line). `shutdown()` stops data producers first, then the rest, so the
 evaluator's last result and the learners' final checkpoints make it to disk.
+
+Services it did not start (compose containers in hub mode, remote samplers attaching
+over supervisor.listen) register too; externals.py keeps them, by heartbeats only.
 """
 
 from __future__ import annotations
@@ -23,10 +26,14 @@ import zmq
 import zmq.asyncio
 
 from common.codec import Encoder
-from common.config import Config, to_dict
-from common.errors import SpreezeError
-from common.transport import Channel, ipc_endpoint, make_ipc_dir
-from proto.messages import Control, ControlReply, Event, Heartbeat, Register, Welcome
+from common.config import TCP_OFFSETS, Config, to_dict
+from common.curve import CurveKeys, client_keys, server_keys, start_authenticator
+from common.errors import ConfigError, SpreezeError
+from common.health import ENV_HEALTH, serve_health
+from common.service import ENV_KEYS
+from common.transport import Channel, ipc_endpoint, make_ipc_dir, tcp_host, tcp_port
+from proto.messages import Control, ControlReply, Error, Event, Heartbeat, Register, Welcome
+from services.supervisor.externals import External, Externals
 from services.supervisor.probe import Choice
 from services.supervisor.processes import Child, RestartPolicy, ServiceSpec, spawn, terminate
 from services.supervisor.progress import Progress
@@ -47,7 +54,9 @@ class RunFailed(SpreezeError):
 
 
 def roster(cfg: Config) -> list[ServiceSpec]:
-    """The services of a local run, in start order."""
+    """The services of a local run, in start order (none in hub mode: they register on their own)."""
+    if cfg.supervisor.mode == "hub":
+        return []
     threads = cfg.learner.threads
     specs = [ServiceSpec("replay", "replay", "services.replay")]
     if cfg.learner.mode == "fused":
@@ -69,10 +78,13 @@ class Supervisor:
         """`specs`: a custom roster (benchmarks, tests): then nothing is tuned. `pinned`: config
         keys the user set (the tuner leaves them); `plan`: the start plan's choices, published."""
         self.cfg, self.quiet = cfg, quiet
-        self.tuning = TuningLoop(self, pinned, plan or []) if specs is None else None
+        # a custom roster or a hub (it starts no process) is not tuned
+        self.tuning = TuningLoop(self, pinned, plan or []) if specs is None and cfg.supervisor.mode != "hub" else None
         self.run_dir = Path(cfg.run_dir)
-        self.sock_dir = make_ipc_dir()
+        self.sock_dir, self.own_sock_dir = socket_dir(cfg)
         self.endpoints = {name: ipc_endpoint(self.sock_dir, name) for name in ENDPOINT_NAMES}
+        self.tcp = tcp_endpoints(cfg.supervisor.listen)
+        self.externals = Externals()
         self.children = {spec.service_id: Child(spec) for spec in (roster(cfg) if specs is None else specs)}
         sc = cfg.supervisor
         self.policy = RestartPolicy(sc.max_restarts, sc.restart_window, sc.backoff)
@@ -88,20 +100,27 @@ class Supervisor:
     async def run(self) -> int:
         """Train until the budget is spent; 0 on success, 1 when the run failed."""
         self.ctx = zmq.asyncio.Context()
-        self.control = Channel(self.ctx, "control", self.endpoints["control"], binding=True, encoder=self.encoder)
+        self.server_keys, self.client_keys = self.curve()
+        self.control = Channel(self.ctx, "control", self.endpoints["control"], binding=True, encoder=self.encoder,
+                               also=self.tcp_also("control"), curve=self.server_keys)
         self.metrics = Channel(self.ctx, "metrics_out", self.endpoints["metrics_out"], binding=False,
                                encoder=self.encoder)
         self.events = Channel(self.ctx, "metrics_in", self.endpoints["metrics_in"], binding=False,
-                              encoder=self.encoder)
+                              encoder=self.encoder, curve=self.client_keys)
         self.progress = Progress(self.run_dir / "metrics.jsonl", self.cfg.total_steps, self.cfg.time_limit)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self.stop, f"signal {signal.Signals(sig).name}")
         for child in self.children.values():
             self.start(child)
-        loops = [self.metrics_proxy(), self.control_loop(), self.metrics_loop(), self.watch_loop(),
-                 self.progress_loop()] + ([self.tuning.run()] if self.tuning else [])
-        tasks = [asyncio.create_task(c) for c in loops]
+        jobs = [self.metrics_proxy(), self.control_loop(), self.metrics_loop(), self.watch_loop(),
+                self.progress_loop()]
+        if os.environ.get(ENV_HEALTH):
+            jobs.append(serve_health(self.ctx, os.environ[ENV_HEALTH], self.encoder,
+                                     lambda: "stopping" if self.done.is_set() else "running"))
+        if self.tuning:
+            jobs.append(self.tuning.run())
+        tasks = [asyncio.create_task(c) for c in jobs]
         await self.done.wait()
         await self.shutdown()
         for task in tasks:
@@ -110,9 +129,24 @@ class Supervisor:
         self.say(self.progress.line())
         self.say(f"stopped: {self.stop_reason}")
         self.progress.close()
+        if self.authenticator is not None:
+            self.authenticator.stop()
         self.ctx.destroy(linger=0)
-        shutil.rmtree(self.sock_dir, ignore_errors=True)
+        if self.own_sock_dir:
+            shutil.rmtree(self.sock_dir, ignore_errors=True)
         return 1 if self.failure else 0
+
+    def curve(self) -> tuple[CurveKeys | None, CurveKeys | None]:
+        """(server, client) keys of the tcp-facing hub sockets; (None, None) in a run without keys."""
+        self.authenticator = None
+        keys = self.cfg.supervisor.keys
+        if not keys:
+            return None, None
+        self.authenticator = start_authenticator(self.ctx, keys)
+        return server_keys(keys), client_keys(keys)
+
+    def tcp_also(self, name: str) -> tuple[str, ...]:
+        return (self.tcp[name],) if name in self.tcp else ()
 
     def stop(self, reason: str, failure: bool = False) -> None:
         if not self.done.is_set():
@@ -130,11 +164,14 @@ class Supervisor:
         """XSUB (services publish in) <-> XPUB (visualizer, supervisor subscribe out):
         messages flow out unparsed, subscriptions flow in."""
         xsub, xpub = self.ctx.socket(zmq.XSUB), self.ctx.socket(zmq.XPUB)
+        if self.server_keys is not None:
+            self.server_keys.apply(xsub, server=True)  # metrics_in faces tcp: remote samplers publish there
         for sock, name in ((xsub, "metrics_in"), (xpub, "metrics_out")):
             sock.setsockopt(zmq.SNDHWM, PROXY_HWM)
             sock.setsockopt(zmq.RCVHWM, PROXY_HWM)
             sock.setsockopt(zmq.LINGER, 0)
-            sock.bind(self.endpoints[name])
+            for endpoint in (self.endpoints[name], *self.tcp_also(name)):
+                sock.bind(endpoint)
         poller = zmq.asyncio.Poller()
         poller.register(xsub, zmq.POLLIN)
         poller.register(xpub, zmq.POLLIN)
@@ -151,7 +188,8 @@ class Supervisor:
 
     # ------------------------------------------------------------------ children
     def start(self, child: Child) -> None:
-        child.proc = spawn(child.spec, self.endpoints["control"], self.run_dir / "logs", {})
+        extra = {ENV_KEYS: str(Path(self.cfg.supervisor.keys).resolve())} if self.cfg.supervisor.keys else {}
+        child.proc = spawn(child.spec, self.endpoints["control"], self.run_dir / "logs", extra)
         child.started, child.registered, child.state, child.restart_at = time.monotonic(), False, "starting", 0.0
         log.info("started %s (pid %d)", child.spec.service_id, child.proc.pid)
         self.write_roster()
@@ -164,6 +202,7 @@ class Supervisor:
                       "restarts": c.total_restarts,
                       "last_heartbeat": unix - (now - c.last_heartbeat) if c.last_heartbeat else None}
                 for sid, c in self.children.items()}
+        rows.update(self.externals.rows())
         tmp = self.run_dir / ".services.json.tmp"
         tmp.write_text(json.dumps(rows, indent=1))
         os.replace(tmp, self.run_dir / "services.json")
@@ -202,24 +241,68 @@ class Supervisor:
                 await self.welcome(peer, sid, msg)  # type: ignore[arg-type]
             elif isinstance(msg, Heartbeat) and child is not None:
                 child.last_heartbeat, child.state, child.counters = time.monotonic(), msg.state, msg.counters
+            elif isinstance(msg, Heartbeat):
+                self.external_heartbeat(sid, msg)
             elif isinstance(msg, ControlReply) and not msg.ok:
                 log.warning("%s refused control request %d: %s", sid, msg.request_id, msg.detail)
 
     async def welcome(self, peer: bytes, sid: str, msg: Register) -> None:
         child = self.children.get(sid)
         if child is None:
-            log.warning("registration from unknown service %r (role %s, pid %d) ignored", sid, msg.role, msg.pid)
+            await self.admit(peer, sid, msg)
             return
         child.registered, child.last_heartbeat, child.state = True, time.monotonic(), "running"
         self.write_roster()
-        await self.control.send(Welcome(sid, self.endpoints, self.welcome_config(child),
-                                        self.cfg.supervisor.heartbeat_interval), to=peer)
+        await self.control.send(Welcome(sid, self.endpoints, self.welcome_config(child.spec.role),
+                                        self.cfg.supervisor.heartbeat_interval, self.tcp), to=peer)
 
-    def welcome_config(self, child: Child) -> dict[str, Any]:
-        """The run config as this service gets it: the current (tuned) values, and no random
-        warm-up for a sampler that joins once the run's warm-up steps are in replay."""
+    # ------------------------------------------------------------------ services it did not start
+    async def admit(self, peer: bytes, sid: str, msg: Register) -> None:
+        """Welcome a service started elsewhere (compose container, remote sampler), or refuse it."""
+        if msg.remote and not self.tcp:
+            return  # cannot happen: a remote registrant reached us over a tcp endpoint we bind
+        try:
+            ext = self.externals.join(sid, msg, time.monotonic())
+        except ConfigError as exc:
+            log.warning("registration refused: %s", exc)
+            await self.control.send(Error("refused", str(exc), msg.TYPE), to=peer)
+            return
+        endpoints = {n: self.tcp[n] for n in TCP_OFFSETS} if msg.remote else self.endpoints
+        self.emit("join", f"{sid} ({msg.role}, pid {msg.pid} on {msg.host}{', over tcp' if msg.remote else ''}) "
+                          f"registered" + (f" again ({ext.joins - 1} restarts)" if ext.joins > 1 else ""),
+                  {"service": sid, "role": msg.role, "host": msg.host, "pid": msg.pid, "remote": msg.remote})
+        self.write_roster()
+        await self.control.send(Welcome(sid, endpoints, self.welcome_config(msg.role), self.cfg.supervisor.heartbeat_interval,
+                                        self.tcp), to=peer)
+
+    def external_heartbeat(self, sid: str, msg: Heartbeat) -> None:
+        was = self.externals.by_id.get(sid)
+        old_state = was.state if was is not None else None
+        ext = self.externals.beat(sid, msg, time.monotonic())
+        if ext is None:
+            log.warning("heartbeat from unregistered service %r ignored", sid)
+        elif ext.state == "stopped":
+            self.leave(ext, "exited")
+        elif old_state != ext.state:
+            if old_state == "gone":
+                self.emit("rejoin", f"{sid} is heard again", {"service": sid})
+            self.write_roster()
+
+    def leave(self, ext: External, why: str) -> None:
+        """An external left (exited or went silent): out of the run's accounting."""
+        self.progress.forget(ext.service_id)
+        self.emit("leave", f"{ext.service_id} {why}", {"service": ext.service_id, "role": ext.role})
+        self.write_roster()
+
+    def check_externals(self, now: float, silence: float) -> None:
+        for ext in self.externals.sweep(now, silence):
+            self.leave(ext, f"sent no heartbeat for {silence:.1f}s")
+
+    def welcome_config(self, role: str) -> dict[str, Any]:
+        """The run config as a service of `role` gets it: the current (tuned) values, and no
+        random warm-up for a sampler that joins once the run's warm-up steps are in replay."""
         data = to_dict(self.cfg)
-        if child.spec.role == "sampler" and self.progress.env_steps >= self.cfg.sampler.warmup_steps:
+        if role == "sampler" and self.progress.env_steps >= self.cfg.sampler.warmup_steps:
             data["sampler"]["warmup_steps"] = 0
         return data
 
@@ -241,6 +324,8 @@ class Supervisor:
             for child in self.children.values():
                 self.check(child, now, silence)
             self.reap_retired(now)
+            if not self.done.is_set():
+                self.check_externals(now, silence)
             if self.cfg.time_limit and self.progress.elapsed >= self.cfg.time_limit:
                 self.stop(f"time limit of {self.cfg.time_limit:.0f}s reached")
             await self.ping_all()
@@ -267,11 +352,16 @@ class Supervisor:
             for child in self.children.values():
                 if child.registered and child.alive:
                     await self.command(child, "ping")
+            for ext in self.externals.by_id.values():
+                if ext.state != "stopped":  # gone ones too: a recovered one must hear from us again
+                    self.tell(ext.service_id, "ping")
 
     async def command(self, child: Child, command: str, key: str = "", value: Any = None) -> None:
+        self.tell(child.spec.service_id, command, key, value)
+
+    def tell(self, service_id: str, command: str, key: str = "", value: Any = None) -> None:
         self.next_request += 1
-        self.control.send_nowait(Control(command, self.next_request, key, value),
-                                 to=child.spec.service_id.encode())
+        self.control.send_nowait(Control(command, self.next_request, key, value), to=service_id.encode())
 
     async def progress_loop(self) -> None:
         while True:
@@ -315,18 +405,29 @@ class Supervisor:
         first = [c for c in self.children.values() if c.spec.role not in LAST_TO_STOP]
         first += [c for c, _ in self.retiring]
         last = [c for c in self.children.values() if c.spec.role in LAST_TO_STOP]
-        for group in (first, last):
+        outside = [e for e in self.externals.live() if e.role not in LAST_TO_STOP]
+        for group, externals in ((first, outside), (last, self.externals.live(LAST_TO_STOP))):
             for child in group:
                 child.restart_at = 0.0
                 if child.alive and child.registered:
                     await self.command(child, "shutdown")
-            await self._wait_exit(group, STOP_GRACE)
+            for ext in externals:
+                self.tell(ext.service_id, "shutdown")
+            await self._wait_exit(group, externals, STOP_GRACE)
             terminate(group, timeout=5.0)
         await self._drain_metrics(0.5)
+        self.write_roster()
 
-    async def _wait_exit(self, group: list[Child], timeout: float) -> None:
+    async def _wait_exit(self, group: list[Child], externals: list[External], timeout: float) -> None:
+        """Until the children exited and the externals said goodbye or went quiet (or the timeout)."""
         deadline = time.monotonic() + timeout
-        while any(c.alive for c in group) and time.monotonic() < deadline:
+        quiet = 2 * self.cfg.supervisor.heartbeat_interval
+
+        def waiting() -> bool:
+            now = time.monotonic()
+            return (any(c.alive for c in group)
+                    or any(e.live and now - e.last_heartbeat < quiet for e in externals))
+        while waiting() and time.monotonic() < deadline:
             await self._drain_metrics(0.1)
 
     async def _drain_metrics(self, seconds: float) -> None:
@@ -335,3 +436,25 @@ class Supervisor:
                 self.progress.take(msg)
         except SpreezeError:
             pass
+
+
+# ------------------------------------------------------------------ endpoints
+
+def socket_dir(cfg: Config) -> tuple[str, bool]:
+    """(directory of the ipc:// sockets, whether the run owns it and removes it at the end)."""
+    path = cfg.supervisor.socket_dir
+    if not path:
+        return make_ipc_dir(), True
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"supervisor.socket_dir={path!r} cannot be made: {exc}") from None
+    return os.path.abspath(path), False
+
+
+def tcp_endpoints(listen: str) -> dict[str, str]:
+    """supervisor.listen -> the tcp endpoint of each socket remote samplers use (config.TCP_OFFSETS)."""
+    if not listen:
+        return {}
+    host, port = tcp_host(listen), tcp_port(listen)
+    return {name: f"tcp://{host}:{port + offset}" for name, offset in TCP_OFFSETS.items()}

@@ -45,6 +45,7 @@ class Child:
 def spawn(spec: ServiceSpec, control: str, log_dir: Path, extra_env: dict[str, str]) -> subprocess.Popen[bytes]:
     """Start one service as `python -m module` in its own session, logging to a file."""
     env = dict(os.environ)
+    env.pop("SPREEZE_HEALTH", None)  # the health socket is the supervisor's (e.g. a container's main process)
     env.update(extra_env)
     env.update({"SPREEZE_CONTROL": control, "SPREEZE_SERVICE_ID": spec.service_id,
                 "OMP_NUM_THREADS": str(spec.threads), "MKL_NUM_THREADS": str(spec.threads)})

@@ -49,6 +49,10 @@ class Progress:
         elif isinstance(msg, Event):
             self.record("event", {"event": msg.kind, "reason": msg.reason, **msg.data})
 
+    def forget(self, service_id: str) -> None:
+        """A service left the run: its last numbers no longer count in the aggregates."""
+        self.latest.pop(service_id, None)
+
     # ------------------------------------------------------------ aggregates
     def _by_role(self, role: str) -> list[dict[str, Any]]:
         return [v for k, v in self.latest.items() if k == role or k.startswith(role + "-")]

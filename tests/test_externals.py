@@ -1,0 +1,146 @@
+"""The pieces under remote samplers and containers: the registry of services the supervisor
+did not start, the health socket, sockets on several endpoints, tcp endpoint maps, config."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zmq.asyncio
+
+from common.codec import Encoder
+from common.errors import ConfigError
+from common.health import ask, probe, serve_health
+from common.service import reachable
+from common.transport import Channel, tcp_port
+from proto.messages import Experience, Heartbeat, Register
+from services.supervisor.externals import Externals
+from services.supervisor.main import tcp_endpoints
+from tests.helpers import config, run
+
+pytestmark = pytest.mark.timeout(20)
+
+
+# ------------------------------------------------------------------ registry
+
+def test_registry_join_beat_gone_back_and_rejoin() -> None:
+    reg = Externals()
+    ext = reg.join("sampler-h-1", Register("sampler", 1, "h", "sampler-h-1", remote=True), now=0.0)
+    assert (ext.state, ext.joins, ext.remote) == ("running", 1, True)
+    assert reg.sweep(now=4.0, silence=5.0) == []
+    assert reg.beat("sampler-h-1", Heartbeat("sampler-h-1", "running", {"env_steps": 64}), now=4.0) is ext
+    assert [e.service_id for e in reg.sweep(now=9.5, silence=5.0)] == ["sampler-h-1"]
+    assert ext.state == "gone" and reg.live() == []
+    assert reg.sweep(now=20.0, silence=5.0) == []  # reported once
+    reg.beat("sampler-h-1", Heartbeat("sampler-h-1", "running"), now=21.0)  # the network healed
+    assert ext.state == "running" and reg.live() == [ext]
+    again = reg.join("sampler-h-1", Register("sampler", 2, "h", "sampler-h-1", remote=True), now=30.0)
+    assert again.joins == 2 and again.pid == 2
+    row = reg.rows()["sampler-h-1"]
+    assert row == {"role": "sampler", "pid": 2, "host": "h", "state": "running", "restarts": 1,
+                   "external": True, "remote": True}
+    reg.beat("sampler-h-1", Heartbeat("sampler-h-1", "stopped"), now=31.0)
+    assert reg.live() == [] and reg.beat("nobody", Heartbeat("nobody", "running"), now=31.0) is None
+
+
+@pytest.mark.parametrize("msg, named", [
+    (Register("miner", 1, "h", "x"), "'miner'"),
+    (Register("replay", 1, "h", "x", remote=True), "'replay'"),
+])
+def test_registry_refuses_by_name(msg: Register, named: str) -> None:
+    with pytest.raises(ConfigError, match=named):
+        Externals().join("x", msg, now=0.0)
+
+
+# ------------------------------------------------------------------ endpoints
+
+def test_tcp_endpoints_from_listen_and_wildcards_rewritten() -> None:
+    eps = tcp_endpoints("tcp://0.0.0.0:6000")
+    assert eps == {"control": "tcp://0.0.0.0:6000", "metrics_in": "tcp://0.0.0.0:6001",
+                   "experience": "tcp://0.0.0.0:6002", "actor_weights": "tcp://0.0.0.0:6003"}
+    seen = reachable({**eps, "sample": "ipc:///tmp/x/sample"}, "tcp://trainer.lan:6000")
+    assert seen["experience"] == "tcp://trainer.lan:6002" and seen["sample"] == "ipc:///tmp/x/sample"
+    assert reachable({"experience": "tcp://10.0.0.5:6002"}, "tcp://x:1")["experience"] == "tcp://10.0.0.5:6002"
+    assert tcp_endpoints("") == {}
+    for bad in ("tcp://host", "tcp://host:0", "tcp://:5555", "ipc:///x:5", "tcp://h:99999"):
+        with pytest.raises(ConfigError, match="tcp://HOST:PORT"):
+            tcp_port(bad)
+
+
+@pytest.mark.parametrize("overrides, named", [
+    (["supervisor.listen=tcp://localhost"], "tcp://localhost"),
+    (["supervisor.listen=tcp://0.0.0.0:65534"], "65534"),
+    (["supervisor.keys=/k"], "supervisor.keys='/k'"),
+    (["sampler.num_samplers=0"], "sampler.num_samplers=0"),
+    (["supervisor.mode=swarm"], "supervisor.mode='swarm'"),
+])
+def test_config_refuses_by_name(tmp_path: Path, overrides: list[str], named: str) -> None:
+    with pytest.raises(ConfigError, match=named.replace("(", r"\(").replace(".", r"\.")):
+        config(tmp_path, *overrides)
+
+
+def test_remote_only_and_hub_configs_are_valid(tmp_path: Path) -> None:
+    cfg = config(tmp_path, "sampler.num_samplers=0", "supervisor.listen=tcp://127.0.0.1:5555")
+    assert cfg.sampler.num_samplers == 0
+    assert config(tmp_path, "sampler.num_samplers=0", "supervisor.mode=hub").supervisor.mode == "hub"
+
+
+def test_one_socket_serves_ipc_and_tcp_peers(tmp_path: Path) -> None:
+    async def body() -> None:
+        ctx = zmq.asyncio.Context()
+        try:
+            ipc = f"ipc://{tmp_path}/exp"
+            pull = Channel(ctx, "experience", ipc, binding=True, encoder=Encoder("replay"),
+                           also=("tcp://127.0.0.1:*",))
+            assert pull.endpoints == (ipc, "tcp://127.0.0.1:*")
+            tcp = pull.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+            assert tcp.startswith("tcp://127.0.0.1:")
+            rows = np.zeros((4, 2 * 3 + 1 + 2), np.float32)
+            for endpoint, name in ((ipc, "local"), (tcp, "remote")):
+                push = Channel(ctx, "experience", endpoint, binding=False, encoder=Encoder(name))
+                await push.send(Experience(rows, 3, 1, 4))
+            senders = set()
+            for _ in range(2):
+                await pull.recv(timeout=5)
+                senders.add(pull.last_sender)
+            assert senders == {"local", "remote"}
+        finally:
+            ctx.destroy(linger=0)
+    run(body())
+
+
+# ------------------------------------------------------------------ health
+
+def test_health_socket_answers_with_the_state(tmp_path: Path) -> None:
+    endpoint = f"ipc://{tmp_path}/health"
+    state = {"now": "running"}
+
+    async def body() -> None:
+        ctx = zmq.asyncio.Context()
+        task = asyncio.create_task(serve_health(ctx, endpoint, Encoder("svc"), lambda: state["now"]))
+        try:
+            reply = await ask(endpoint, timeout=5)
+            assert reply.ok and reply.detail == "running"
+            state["now"] = "stopping"
+            reply = await ask(endpoint, timeout=5)
+            assert not reply.ok and reply.detail == "stopping"
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            ctx.destroy(linger=0)
+    run(body(), timeout=15)
+    ok, detail = probe(f"ipc://{tmp_path}/nobody", timeout=0.5)
+    assert not ok and "no answer" in detail
+
+
+@pytest.mark.parametrize("raw", ["soon", "0", "-3"])
+def test_register_timeout_refused_by_name(raw: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from common.service import ENV_REGISTER_TIMEOUT, register_timeout
+
+    monkeypatch.setenv(ENV_REGISTER_TIMEOUT, raw)
+    with pytest.raises(ConfigError, match=f"{ENV_REGISTER_TIMEOUT}='{raw}'"):
+        register_timeout()
+    monkeypatch.setenv(ENV_REGISTER_TIMEOUT, "2.5")
+    assert register_timeout() == 2.5

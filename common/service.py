@@ -132,6 +132,13 @@ class Service:
                 raise PeerError(f"no word from the supervisor for {liveness:.1f}s: exiting")
             await asyncio.sleep(self.heartbeat_interval)
 
+    async def closing_heartbeats(self) -> None:
+        """While close() flushes (final checkpoint, last acks): heartbeats with state `stopping`,
+        so a supervisor waiting for this service's goodbye keeps waiting."""
+        while True:
+            self.control.send_nowait(Heartbeat(self.service_id, "stopping", self.counters()))
+            await asyncio.sleep(self.heartbeat_interval)
+
     async def control_loop(self) -> None:
         while self.running:
             _, msg = await self.control.recv()
@@ -238,7 +245,11 @@ async def _main(cls: type[Service]) -> None:
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
-    await svc.close()
+    beating = asyncio.create_task(svc.closing_heartbeats())  # close() may take a while: say so
+    try:
+        await svc.close()
+    finally:
+        beating.cancel()
     # the last heartbeat: a supervisor that did not start us cannot see us exit otherwise
     control.send_nowait(Heartbeat(svc.service_id, "stopped", svc.counters()))
     if svc.authenticator is not None:

@@ -17,7 +17,7 @@ from proto.messages import Heartbeat, Register
 
 ROLES = ("sampler", "replay", "learner", "actor_learner", "critic_learner", "evaluator", "visualizer")
 REMOTE_ROLES = ("sampler",)  # the tcp endpoints (config.TCP_OFFSETS) serve samplers only
-LIVE = ("running", "paused")
+LIVE = ("running", "paused", "stopping")  # stopping: flushing before its goodbye
 
 
 @dataclass
@@ -30,7 +30,7 @@ class External:
     pid: int
     remote: bool
     last_heartbeat: float
-    state: str = "running"  # running | paused | stopped (said goodbye) | gone (went silent)
+    state: str = "running"  # running | paused | stopping | stopped (said goodbye) | gone (went silent)
     joins: int = 1  # registrations under this id (restarts by its owner)
     counters: dict[str, Any] = field(default_factory=dict)
 

@@ -107,10 +107,10 @@ def test_a_sampler_joining_after_the_warm_up_skips_it(tmp_path: Path) -> None:
     sup.progress = Progress(tmp_path / "metrics.jsonl", 10_000, 0.0)
     sampler, replay = Child(ServiceSpec("sampler-5", "sampler", "services.sampler")), sup.children["replay"]
     sup.progress.take(Metrics("replay", {"inserted": 400}))
-    assert sup.welcome_config(sampler)["sampler"]["warmup_steps"] == 1000  # its share: 1000 // 2
+    assert sup.welcome_config(sampler.spec.role)["sampler"]["warmup_steps"] == 1000  # its share: 1000 // 2
     sup.progress.take(Metrics("replay", {"inserted": 1000}))
-    assert sup.welcome_config(sampler)["sampler"]["warmup_steps"] == 0
-    assert sup.welcome_config(replay)["sampler"]["warmup_steps"] == 1000  # other roles see the run's config
+    assert sup.welcome_config(sampler.spec.role)["sampler"]["warmup_steps"] == 0
+    assert sup.welcome_config(replay.spec.role)["sampler"]["warmup_steps"] == 1000  # other roles see the run's config
     sup.progress.close()
     shutil.rmtree(sup.sock_dir)  # made by the constructor; run() would remove it
 

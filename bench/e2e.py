@@ -2,8 +2,8 @@
 
 Runs the real roster of a training run (replay, learner(s), evaluator, samplers; every one
 a process on real sockets, under the real Supervisor) with the given config, waits until
-the learner has started updating (start-up and the warm-up are excluded), then measures a
-window of `--seconds`:
+the learner has been updating for `--settle` seconds (start-up, the warm-up and the
+catching-up right after it are excluded), then measures a window of `--seconds`:
   sampling Hz        replay `inserted` per second (env steps reaching replay);
   update frame rate  learner updates per second x batch size;
   update-to-data     updates per env step, beside the configured target;
@@ -13,7 +13,7 @@ the supervisor is this process) and transport share (the part of the service's o
 seconds spent encoding, decoding and in socket calls, from the `transport_s` and `cpu_s`
 every service reports with its metrics). Medians over `--repeats`.
 
-    spreeze bench e2e [--config F] [--seconds 30] [--repeats 1] [--json F] [--out DIR] [key=value ...]
+    spreeze bench e2e [--config F] [--seconds 30] [--settle 15] [--repeats 1] [--json F] [--out DIR] [key=value ...]
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ class CpuWindow:
 
     def __init__(self) -> None:
         self.marks: dict[str, dict[str, tuple[float, float | None]]] = {}
+        self.opened = 0.0
 
     def __call__(self, phase: str, sup: Supervisor) -> None:
         now = time.monotonic()
@@ -59,6 +60,8 @@ class CpuWindow:
                  for sid, c in sup.children.items()}
         marks["supervisor"] = (now, time.process_time())
         self.marks[phase] = marks
+        if phase == "start":
+            self.opened = sup.progress.elapsed  # the window's start on the metrics' clock
 
     def shares(self) -> dict[str, float]:
         start, end = self.marks.get("start", {}), self.marks.get("end", {})
@@ -74,22 +77,26 @@ def learner_service(cfg: Config) -> str:
     return "learner" if cfg.learner.mode == "fused" else "critic_learner"
 
 
-def measure_run(cfg: Config, seconds: float) -> dict[str, Any]:
-    """One window of the full system; the numbers of the table."""
+def measure_run(cfg: Config, seconds: float, settle: float) -> dict[str, Any]:
+    """One window of the full system, `settle` seconds after the first update (the learner
+    first works off the slack the rate limiter allows past the warm-up); the table's numbers."""
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
     cpu = CpuWindow()
+    first_update: list[float] = []
 
     def ready(p: Progress) -> bool:
-        return p.updates > 0
+        if p.updates > 0 and not first_update:
+            first_update.append(time.monotonic())
+        return bool(first_update) and time.monotonic() - first_update[0] >= settle
 
     rows, stop_at = measure(cfg, roster(cfg), ready, seconds, on_window=cpu)
-    steps = rate(rows, "replay", "inserted", stop_at, also=("insert_stall_s", "sample_stall_s"))
-    updates = rate(rows, learner_service(cfg), "updates", stop_at)
+    steps = rate(rows, "replay", "inserted", stop_at, also=("insert_stall_s", "sample_stall_s"), since=cpu.opened)
+    updates = rate(rows, learner_service(cfg), "updates", stop_at, since=cpu.opened)
     services = {}
     for sid, share in sorted(cpu.shares().items()):
         row: dict[str, Any] = {"cpu_share": share, "transport_share": None}
         try:
-            got = rate(rows, sid, "cpu_s", stop_at, also=("transport_s",))
+            got = rate(rows, sid, "cpu_s", stop_at, also=("transport_s",), since=cpu.opened)
             row["transport_share"] = got["transport_s"] / got["rate"] if got["rate"] > 0 else None
         except BenchFailed:
             pass  # a service that reports no metrics within the window (the evaluator, the supervisor)
@@ -104,14 +111,15 @@ def measure_run(cfg: Config, seconds: float) -> dict[str, Any]:
 
 
 def run(cfg: Config, seconds: float = 30.0, repeats: int = 1, json_path: str | None = None,
-        out: str | None = None) -> dict[str, Any]:
+        out: str | None = None, settle: float = 15.0) -> dict[str, Any]:
     runs = []
     with tempfile.TemporaryDirectory(prefix="spreeze-bench-e2e-") as tmp:
         base = Path(out) if out else Path(tmp)
         for rep in range(repeats):
             run_cfg = dataclasses.replace(cfg, run_dir=str(base / f"r{rep}"), seed=cfg.seed + rep)
-            runs.append(measure_run(run_cfg, seconds))
+            runs.append(measure_run(run_cfg, seconds, settle))
     result = summarize(cfg, seconds, repeats, runs)
+    result["settle"] = settle
     print(table(result))
     if json_path:
         Path(json_path).write_text(json.dumps(result, indent=2))
@@ -156,7 +164,8 @@ def table(result: dict[str, Any]) -> str:
         lines.append(f"{sid:>16} {s['cpu_share']:>11.2f} {tr:>27}")
     total = sum(s["cpu_share"] for s in r["services"].values())
     lines.append(f"{'total':>16} {total:>11.2f}")
-    lines.append(f"medians of {r['repeats']} run(s), each a ~{r['seconds']:g}s window after the first update")
+    lines.append(f"medians of {r['repeats']} run(s), each a ~{r['seconds']:g}s window starting "
+                 f"{r['settle']:g}s after the first update")
     return "\n".join(lines)
 
 
@@ -164,16 +173,18 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="spreeze bench e2e", description=__doc__.splitlines()[0])
     p.add_argument("--config", default=None, help="YAML config file (default: the built-in defaults)")
     p.add_argument("--seconds", type=float, default=30.0, help="measurement window of each run")
+    p.add_argument("--settle", type=float, default=15.0,
+                   help="seconds between the first update and the window (the start-up transient)")
     p.add_argument("--repeats", type=int, default=1, help="runs (medians reported)")
     p.add_argument("--json", default=None, help="also write the results to this JSON file")
     p.add_argument("--out", default=None, help="keep the runs' directories (logs, metrics) here")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
     args = p.parse_args(argv)
-    if args.seconds <= 0 or args.repeats <= 0:
-        p.error("--seconds and --repeats must be positive")
+    if args.seconds <= 0 or args.repeats <= 0 or args.settle < 0:
+        p.error("--seconds and --repeats must be positive, --settle not negative")
     cfg = load_config(args.config, [*args.overrides, f"total_steps={HUGE}",
                                     f"time_limit={args.seconds + 2 * STARTUP_S + 300}"])
-    run(cfg, args.seconds, args.repeats, args.json, args.out)
+    run(cfg, args.seconds, args.repeats, args.json, args.out, args.settle)
     return 0
 
 

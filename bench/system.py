@@ -78,11 +78,12 @@ def measure(cfg: Config, specs: list[ServiceSpec], ready: Callable[[Progress], b
 
 
 def rate(rows: list[dict[str, Any]], service: str, key: str, until: float,
-         also: tuple[str, ...] = ()) -> dict[str, float]:
-    """Rate of counter `key` of `service`, from the first metrics record where it is > 0 to
-    the last one at or before `until`; `also`: other counters' rates over the same window."""
+         also: tuple[str, ...] = (), since: float = 0.0) -> dict[str, float]:
+    """Rate of counter `key` of `service`, from the first metrics record at or after `since`
+    where it is > 0 to the last one at or before `until`; `also`: other counters' rates over
+    the same window."""
     mine = [r for r in rows if r.get("kind") == "metrics" and r.get("service") == service
-            and key in r and r["wall_time"] <= until]
+            and key in r and since <= r["wall_time"] <= until]
     mine = [r for r in mine if r[key] > 0]
     if len(mine) < 2 or mine[-1]["wall_time"] <= mine[0]["wall_time"]:
         raise BenchFailed(f"{service} sent {len(mine)} metrics records with {key} > 0 within the window: "

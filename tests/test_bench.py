@@ -72,7 +72,7 @@ def test_bench_update_smoke(tmp_path: Path) -> None:
 @pytest.mark.timeout(240)
 def test_bench_e2e_smoke(tmp_path: Path) -> None:
     out = tmp_path / "e2e.json"
-    assert cli(["bench", "e2e", "--config", "configs/pendulum-smoke.yaml", "--seconds", "4",
+    assert cli(["bench", "e2e", "--config", "configs/pendulum-smoke.yaml", "--seconds", "4", "--settle", "1",
                 "--json", str(out), "--out", str(tmp_path / "runs")]) == 0
     result = json.loads(out.read_text())
     assert result["bench"] == "e2e" and result["env"] == "Pendulum-v1"

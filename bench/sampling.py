@@ -45,10 +45,10 @@ CHUNK = 256  # plain loop: actions drawn, and the clock read, once per this many
 
 
 def system_rate(env: str, samplers: int, envs: int, seconds: float, run_dir: Path,
-                seed: int = 0) -> dict[str, float]:
+                seed: int = 0, overrides: tuple[str, ...] = ()) -> dict[str, float]:
     """Transitions/s reaching replay with `samplers` x `envs` random-acting envs."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    cfg = load_config(None, [
+    cfg = load_config(None, [*overrides,
         f"env={env}", f"seed={seed}", f"run_dir={run_dir}", f"total_steps={HUGE}",
         f"time_limit={seconds + STARTUP_S + 60}",  # safety net only: bench.system stops the run
         f"sampler.num_samplers={samplers}", f"sampler.envs_per_sampler={envs}",
@@ -87,7 +87,7 @@ def plain_rate(env_id: str, seconds: float, seed: int = 0) -> float:
 
 def run(env: str = "HalfCheetah-v5", samplers: tuple[int, ...] = (1,), envs: tuple[int, ...] = (4,),
         seconds: float = 10.0, repeats: int = 1, json_path: str | None = None,
-        out: str | None = None) -> dict[str, Any]:
+        out: str | None = None, overrides: tuple[str, ...] = ()) -> dict[str, Any]:
     """Measure every N x E config and the plain loop, interleaved; print; return (and write) JSON."""
     configs = [(n, e) for n in samplers for e in envs]
     plain: list[float] = []
@@ -97,8 +97,10 @@ def run(env: str = "HalfCheetah-v5", samplers: tuple[int, ...] = (1,), envs: tup
         for rep in range(repeats):
             plain.append(plain_rate(env, seconds, seed=rep))
             for n, e in configs:
-                system[(n, e)].append(system_rate(env, n, e, seconds, base / f"r{rep}-{n}x{e}", seed=rep))
+                system[(n, e)].append(system_rate(env, n, e, seconds, base / f"r{rep}-{n}x{e}", seed=rep,
+                                                  overrides=overrides))
     result = summarize(env, seconds, repeats, plain, system)
+    result["overrides"] = list(overrides)
     print(table(result))
     if json_path:
         Path(json_path).write_text(json.dumps(result, indent=2))
@@ -134,6 +136,8 @@ def table(result: dict[str, Any]) -> str:
         per_n = "-" if r["ratio_to_samplers"] is None else f"{r['ratio_to_samplers']:.3f}"
         lines.append(f"{r['samplers']:>3} x {r['envs_per_sampler']:<2} {r['transitions_per_s']:>15,.0f} "
                      f"{plain:>11,.0f} {cores:>5} {r['ratio_to_cores']:>18.3f} {per_n:>14}")
+    if result.get("overrides"):
+        lines.append(f"system runs with {' '.join(result['overrides'])}")
     lines.append(f"medians of {result['repeats']} interleaved repeat(s); tr/s: replay `inserted` over "
                  f"~{result['seconds']:g}s after the first insert (start-up excluded)")
     return "\n".join(lines)
@@ -149,12 +153,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=1, help="interleaved repeats (medians reported)")
     p.add_argument("--json", default=None, help="also write the results to this JSON file")
     p.add_argument("--out", default=None, help="keep the runs' directories (logs, metrics) here")
+    p.add_argument("overrides", nargs="*", metavar="key=value",
+                   help="config overrides of the measured runs, e.g. sampler.steps_per_push=64")
     args = p.parse_args(argv)
     samplers = args.samplers or sorted({1, os.cpu_count() or 1})
     if min(samplers) <= 0 or min(args.envs) <= 0 or args.seconds <= 0 or args.repeats <= 0:
         p.error("--samplers, --envs, --seconds and --repeats must be positive")
     make_env(args.env).close()  # refuse an unknown or discrete env before starting anything
-    run(args.env, tuple(samplers), tuple(args.envs), args.seconds, args.repeats, args.json, args.out)
+    run(args.env, tuple(samplers), tuple(args.envs), args.seconds, args.repeats, args.json, args.out,
+        tuple(args.overrides))
     return 0
 
 

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.system import STARTUP_S, BenchFailed, measure, rate
+from bench.system import BenchFailed, STARTUP_S, add_output_args, measure, rate
 from common.config import Config, load_config
 from services.supervisor.main import Supervisor, roster
 from services.supervisor.progress import Progress
@@ -176,9 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--settle", type=float, default=15.0,
                    help="seconds between the first update and the window (the start-up transient)")
     p.add_argument("--repeats", type=int, default=1, help="runs (medians reported)")
-    p.add_argument("--json", default=None, help="also write the results to this JSON file")
-    p.add_argument("--out", default=None, help="keep the runs' directories (logs, metrics) here")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
+    add_output_args(p, "learner.batch_size=512")
     args = p.parse_args(argv)
     if args.seconds <= 0 or args.repeats <= 0 or args.settle < 0:
         p.error("--seconds and --repeats must be positive, --settle not negative")

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.system import STARTUP_S, measure, rate
+from bench.system import STARTUP_S, add_output_args, measure, rate
 from common.config import load_config
 from common.envs import make_env
 from services.supervisor.main import roster
@@ -151,10 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--envs", type=int, nargs="+", default=[4], help="envs per sampler E (one run per value)")
     p.add_argument("--seconds", type=float, default=10.0, help="measurement window of each run")
     p.add_argument("--repeats", type=int, default=1, help="interleaved repeats (medians reported)")
-    p.add_argument("--json", default=None, help="also write the results to this JSON file")
-    p.add_argument("--out", default=None, help="keep the runs' directories (logs, metrics) here")
-    p.add_argument("overrides", nargs="*", metavar="key=value",
-                   help="config overrides of the measured runs, e.g. sampler.steps_per_push=64")
+    add_output_args(p, "sampler.steps_per_push=64")
     args = p.parse_args(argv)
     samplers = args.samplers or sorted({1, os.cpu_count() or 1})
     if min(samplers) <= 0 or min(args.envs) <= 0 or args.seconds <= 0 or args.repeats <= 0:

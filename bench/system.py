@@ -11,6 +11,7 @@ the `progress` it keeps.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import time
@@ -102,3 +103,11 @@ def log_tails(run_dir: Path, chars: int = 1500) -> str:
         text = log.read_text(errors="replace")[-chars:]
         parts.append(f"--- {log.name} (last {chars} chars)\n{text}")
     return "\n".join(parts)
+
+
+def add_output_args(p: argparse.ArgumentParser, example: str) -> None:
+    """--json, --out and key=value overrides: the arguments every system benchmark shares."""
+    p.add_argument("--json", default=None, help="also write the results to this JSON file")
+    p.add_argument("--out", default=None, help="keep the runs' directories (logs, metrics) here")
+    p.add_argument("overrides", nargs="*", metavar="key=value",
+                   help=f"config overrides of the measured runs, e.g. {example}")

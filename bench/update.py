@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from bench.system import STARTUP_S, measure, rate
+from bench.system import STARTUP_S, add_output_args, measure, rate
 from common.algorithms import fused_step, make_parts
 from common.config import Config, load_config
 from common.envs import env_spec
@@ -186,10 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (learner and plain loop)")
     p.add_argument("--repeats", type=int, default=1, help="interleaved repeats (medians reported)")
     p.add_argument("--fill", type=int, default=100_000, help="random transitions in replay (its capacity)")
-    p.add_argument("--json", default=None, help="also write the results to this JSON file")
-    p.add_argument("--out", default=None, help="keep the runs' directories (logs, metrics) here")
-    p.add_argument("overrides", nargs="*", metavar="key=value",
-                   help="config overrides of the measured runs, e.g. learner.batches_per_request=4")
+    add_output_args(p, "learner.batches_per_request=4")
     args = p.parse_args(argv)
     if (min(args.batch_sizes) <= 0 or min(args.hidden) <= 0 or args.seconds <= 0 or args.threads <= 0
             or args.repeats <= 0 or args.fill <= 0):

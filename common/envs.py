@@ -8,6 +8,10 @@ so truncated episodes are bootstrapped.
 
 from __future__ import annotations
 
+import importlib
+import os
+import sys
+
 import gymnasium as gym
 import numpy as np
 
@@ -15,8 +19,42 @@ from common.errors import ConfigError
 from proto.messages import TransitionLayout
 
 
+GL_OFF = "disable"  # MuJoCo's own MUJOCO_GL value for "no GL": its import then loads no GL library
+
+
+def is_mujoco(env_id: str) -> bool:
+    """Whether gymnasium's registry builds `env_id` with MuJoCo (without importing MuJoCo)."""
+    try:
+        entry = gym.spec(env_id).entry_point
+    except gym.error.Error:
+        return False
+    return "mujoco" in str(entry)
+
+
+def import_mujoco_without_gl() -> None:
+    """Import MuJoCo with MUJOCO_GL=disable, then put the variable back.
+
+    MuJoCo loads the GL library that MUJOCO_GL names when it is first imported, and some
+    crash that import where the library is missing (osmesa without libOSMesa). Stepping an
+    environment needs no GL, and gymnasium's renderer loads its backend itself when asked
+    for a frame, so no process's environments depend on GL this way."""
+    if "mujoco" in sys.modules:
+        return
+    saved = os.environ.get("MUJOCO_GL")
+    os.environ["MUJOCO_GL"] = GL_OFF
+    try:
+        importlib.import_module("mujoco")
+    finally:
+        if saved is None:
+            del os.environ["MUJOCO_GL"]
+        else:
+            os.environ["MUJOCO_GL"] = saved
+
+
 def make_env(env_id: str, seed: int | None = None, **kwargs: object) -> gym.Env:
     """gym.make with a clear error for unknown ids and non-continuous action spaces."""
+    if is_mujoco(env_id):
+        import_mujoco_without_gl()
     try:
         env = gym.make(env_id, **kwargs)
     except gym.error.Error as exc:

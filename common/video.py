@@ -1,12 +1,15 @@
 """MP4 videos of deterministic evaluation episodes, rendered offscreen by MuJoCo.
 
-The GL backend is MuJoCo's `MUJOCO_GL`: the user's choice when set, else `egl` on a
-machine with an NVIDIA GPU and `osmesa` (software, Debian's libosmesa6) elsewhere. It
-must be in the environment before MuJoCo's renderer first loads, so the evaluator builds
-its `EpisodeRecorder` before any environment. When rendering fails, `record` raises
-`VideoError` saying why and how to enable videos, the recorder turns itself off, and
-training goes on. `EpisodeRecorder.start` films in a low-priority daemon thread, one video
-at a time, so evaluations go on and a shutdown never waits for a video. Frames are streamed
+Evaluation never depends on GL. Environments need none: common.envs imports MuJoCo with
+GL disabled, and gymnasium's renderer loads the backend named by `MUJOCO_GL` only when a
+frame is asked for. That backend is set only after a short subprocess has rendered one
+frame with it (`probe_gl`), since some crash where their library is missing (osmesa
+without libOSMesa raises AttributeError): the user's `MUJOCO_GL` when set, else `egl` on
+a machine with an NVIDIA GPU, then `osmesa` (software, Debian's libosmesa6). When none
+works, the recorder is off from the start and `off_reason` says why (the evaluator
+announces it as a `video_unavailable` event); evaluations and checkpoints go on.
+`EpisodeRecorder.start` films in a low-priority daemon thread, one video at a time, so
+evaluations go on meanwhile and a shutdown never waits for a video. Frames are streamed
 to ffmpeg (the binary shipped by imageio-ffmpeg), H.264 in yuv420p so that browsers play
 it, written to a temp name and renamed.
 """
@@ -18,13 +21,16 @@ import contextlib
 import gc
 import logging
 import os
+import subprocess
+import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 
-from common.envs import make_env
+from common.envs import GL_OFF, is_mujoco, make_env
 from common.errors import ConfigError, VideoError
 from common.numpy_policy import NumpyActor
 
@@ -38,13 +44,71 @@ GL_HINT = ("to record videos install Debian's libosmesa6 and set MUJOCO_GL=osmes
            "MUJOCO_GL=egl on a machine with a GPU; eval.video_every=0 turns videos off")
 
 
-def choose_gl() -> str:
-    """Set and return MuJoCo's offscreen GL backend (see the module doc)."""
-    backend = os.environ.get("MUJOCO_GL") or ("egl" if Path("/dev/nvidiactl").exists() else "osmesa")
-    os.environ["MUJOCO_GL"] = backend
-    if backend == "osmesa":
+PROBE_TIMEOUT_S = 60.0  # one frame of a one-geom scene: ~1 s with software GL, more on a loaded machine
+PROBE = """
+import mujoco
+model = mujoco.MjModel.from_xml_string('<mujoco><worldbody><geom size=".1"/></worldbody></mujoco>')
+data = mujoco.MjData(model)
+mujoco.mj_forward(model, data)
+with mujoco.Renderer(model, 16, 16) as renderer:
+    renderer.update_scene(data)
+    assert renderer.render().shape == (16, 16, 3)
+"""
+
+
+@dataclass(frozen=True)
+class GLChoice:
+    """The offscreen backend this process uses: `backend` works, or it is "" and `reason` says why."""
+
+    backend: str
+    reason: str = ""
+
+
+def gl_candidates() -> list[str]:
+    """Backends to try, in order: the user's MUJOCO_GL alone when set, else egl (GPU) and osmesa."""
+    wanted = os.environ.get("MUJOCO_GL", "").strip()
+    if wanted and wanted.lower() != GL_OFF:
+        return [wanted]
+    return (["egl"] if Path("/dev/nvidiactl").exists() else []) + ["osmesa"]
+
+
+def probe_gl(backend: str) -> str:
+    """"" when MuJoCo renders a frame with `backend` in a fresh subprocess, else why not."""
+    env = {**os.environ, "MUJOCO_GL": backend, "LP_NUM_THREADS": "1"}
+    try:
+        done = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True,
+                              timeout=PROBE_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired:
+        return f"MUJOCO_GL={backend!r}: rendering one frame took over {PROBE_TIMEOUT_S:.0f} s"
+    if done.returncode == 0:
+        return ""
+    lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
+    return f"MUJOCO_GL={backend!r}: {lines[-1] if lines else f'exit status {done.returncode}'}"
+
+
+_chosen: GLChoice | None = None  # once per process: MuJoCo reads MUJOCO_GL once per process
+
+
+def choose_gl() -> GLChoice:
+    """Set MUJOCO_GL to the first backend that renders (see the module doc), or to GL_OFF.
+
+    Call before anything in this process imports MuJoCo."""
+    global _chosen
+    if _chosen is not None and os.environ.get("MUJOCO_GL") == (_chosen.backend or GL_OFF):
+        return _chosen
+    failures = []
+    for backend in gl_candidates():
+        reason = probe_gl(backend)
+        if not reason:
+            _chosen = GLChoice(backend)
+            break
+        failures.append(reason)
+    else:
+        _chosen = GLChoice("", f"no offscreen GL works ({'; '.join(failures)}); {GL_HINT}")
+    os.environ["MUJOCO_GL"] = _chosen.backend or GL_OFF
+    if _chosen.backend == "osmesa":
         os.environ.setdefault("LP_NUM_THREADS", "1")  # Mesa's llvmpipe: one thread, never oversubscribe
-    return backend
+    return _chosen
 
 
 def _render_env(env_id: str, seed: int) -> gym.Env:
@@ -86,7 +150,6 @@ def record_episode(env_id: str, actor: NumpyActor, path: Path, seed: int,
     last); returns the number of frames. `stop` set: give up at the next frame, no file."""
     import imageio_ffmpeg
 
-    choose_gl()
     env = _render_env(env_id, seed)
     tmp = path.with_name(path.name + ".partial")
     frames, writer = 0, None
@@ -146,8 +209,11 @@ class EpisodeRecorder:
         self.dir = Path(run_dir) / "videos"
         for stale in self.dir.glob("*.partial"):  # a previous incarnation was killed while filming
             stale.unlink(missing_ok=True)
-        self.backend = choose_gl() if every else ""
-        self.off_reason = ""  # set after a failure: no further attempts
+        self.off_reason = ""  # set when videos cannot be made: no further attempts
+        self.backend = ""
+        if every and is_mujoco(env_id):
+            chosen = choose_gl()
+            self.backend, self.off_reason = chosen.backend, chosen.reason
         self.busy = False  # a video is being filmed
         self.stopping = threading.Event()
 

@@ -43,8 +43,9 @@ class Evaluator(Service):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        # first: it picks MuJoCo's GL backend, which must be set before any env loads MuJoCo
+        # first: it picks MuJoCo's GL backend (or none), which must be set before any env loads MuJoCo
         self.videos = EpisodeRecorder(self.cfg.env, self.cfg.run_dir, self.cfg.eval.video_every, self.cfg.seed + 20_000)
+        self.video_announced = False  # a video_unavailable event went out
         self.env = make_env(self.cfg.env, seed=self.cfg.seed + 10_000)
         self.newest: Weights | None = None
         self.evaluated_version = -1
@@ -118,7 +119,14 @@ class Evaluator(Service):
         self.save(state, result)
         if self.running and self.videos.due(self.evaluations):  # not on the way out: it takes a while
             self.video_task = asyncio.create_task(self.record_video(actor, result))
+        elif self.videos.off_reason and not self.video_announced:  # no GL at start: say so once
+            await self.announce_no_videos(self.videos.off_reason)
         return result
+
+    async def announce_no_videos(self, reason: str) -> None:
+        log.warning("no evaluation videos: %s", reason)
+        self.video_announced = True
+        await self.metrics_out.send(Event("video_unavailable", f"no evaluation videos: {reason}", {"notify": True}))
 
     async def record_video(self, actor: NumpyActor, result: EvalResult) -> None:
         """One deterministic episode as MP4; an Event either way (a failure is printed and shown)."""
@@ -126,10 +134,8 @@ class Evaluator(Service):
         try:
             await self.videos.start(actor, name)  # in the background: evaluations go on
         except VideoError as exc:
-            if not self.running:
-                return  # abandoned on shutdown
-            log.warning("no evaluation videos: %s", exc)
-            await self.metrics_out.send(Event("video_unavailable", f"no evaluation videos: {exc}", {"notify": True}))
+            if self.running:  # else abandoned on shutdown
+                await self.announce_no_videos(str(exc))
             return
         await self.metrics_out.send(Event("video", f"recorded videos/{name}",
                                           {"path": f"videos/{name}", "env_steps": result.env_steps}))

@@ -33,6 +33,22 @@ def test_dense_line_has_no_sparse_part(tmp_path: Path) -> None:
     p.close()
 
 
+def test_counts_hold_and_rates_stay_non_negative_when_services_leave(tmp_path: Path) -> None:
+    p = progress(tmp_path)
+    p.take(Metrics("critic_learner", {"updates": 200, "update_frame_rate": 6400.0}))
+    p.take(Metrics("actor_learner", {"updates": 100, "update_frame_rate": 3200.0}))
+    p.line()
+    for gone in ("replay", "critic_learner", "actor_learner"):  # the end of a compose run
+        p.forget(gone)
+    s = p.summary()
+    assert (s["env_steps"], s["updates"]) == (400, 200)
+    assert s["sampling_hz"] == 0 and s["update_to_data"] == 0 and s["update_frame_rate"] == 0
+    p.take(Metrics("replay", {"inserted": 350}))  # a restarted replay that restored an older snapshot
+    assert p.summary()["env_steps"] == 400
+    assert "steps 400/1,000 | updates 200 | sampling 0 Hz" in p.line()
+    p.close()
+
+
 def test_fused_line_shows_sparsity_and_weighted_flops(tmp_path: Path) -> None:
     p = progress(tmp_path)
     p.take(Metrics("learner", {"updates": 200, "update_frame_rate": 6400.0,

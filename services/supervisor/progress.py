@@ -25,6 +25,7 @@ class Progress:
         self.last_eval: EvalResult | None = None
         self.evals: list[EvalResult] = []
         self._window = (self.start, 0, 0)  # (time, env_steps, updates) at the last line
+        self._seen = {"env_steps": 0, "updates": 0}  # highest counts so far: they never go back
         self.record("start", {"unix_time": time.time()})  # wall_time of every record counts from here
 
     @property
@@ -50,8 +51,13 @@ class Progress:
             self.record("event", {"event": msg.kind, "reason": msg.reason, **msg.data})
 
     def forget(self, service_id: str) -> None:
-        """A service left the run: its last numbers no longer count in the aggregates."""
+        """A service left the run: its last numbers no longer count in the aggregates (rates);
+        the run's counts keep what it reached."""
         self.latest.pop(service_id, None)
+
+    def _high_water(self, name: str, now: int) -> int:
+        self._seen[name] = max(self._seen[name], now)
+        return self._seen[name]
 
     # ------------------------------------------------------------ aggregates
     def _by_role(self, role: str) -> list[dict[str, Any]]:
@@ -59,15 +65,16 @@ class Progress:
 
     @property
     def env_steps(self) -> int:
-        return max((int(v.get("inserted", 0)) for v in self._by_role("replay")), default=0)
+        return self._high_water("env_steps", max((int(v.get("inserted", 0)) for v in self._by_role("replay")),
+                                                 default=0))
 
     @property
     def updates(self) -> int:
         for role in ("learner", "critic_learner"):
             found = self._by_role(role)
             if found:
-                return int(found[0].get("updates", 0))
-        return 0
+                return self._high_water("updates", int(found[0].get("updates", 0)))
+        return self._seen["updates"]
 
     def sum_of(self, key: str, roles: tuple[str, ...]) -> float:
         return sum(float(v.get(key, 0.0)) for r in roles for v in self._by_role(r))

@@ -70,8 +70,8 @@ class LearnerConfig:
     sync_every: int = 2  # split mode: updates between actor <-> critic weight exchanges (K)
     max_lag: int = 64  # split mode: critic updates the critic may run ahead of the actor it uses
     publish_interval: float = 0.05  # seconds between actor weight publishes to samplers/evaluator
-    actor_device: str = "cpu"  # torch device of the actor (split: actor_learner; fused: both)
-    critic_device: str = "cpu"  # torch device of the critic_learner (split mode)
+    actor_device: str = "cpu"  # torch device of the actor (split: actor_learner; fused: both); auto: cuda if seen, else cpu
+    critic_device: str = "cpu"  # torch device of the critic_learner (split mode); auto as for actor_device
     threads: int = 1  # torch intra-op threads per learner process
     checkpoint_every_s: float = 60.0  # seconds between learner state checkpoints
 
@@ -85,8 +85,8 @@ class LearnerConfig:
         _non_negative(self, "publish_interval")
         for name in ("actor_device", "critic_device"):
             value = getattr(self, name)
-            if not (value == "cpu" or value == "cuda" or value.startswith("cuda:")):
-                raise ConfigError(f"learner.{name}={value!r} must be cpu, cuda or cuda:N")
+            if not (value in ("cpu", "cuda", "auto") or value.startswith("cuda:")):
+                raise ConfigError(f"learner.{name}={value!r} must be cpu, cuda, cuda:N or auto")
 
 
 @dataclass(frozen=True)

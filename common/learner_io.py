@@ -112,6 +112,10 @@ def checkpoint_dir(run_dir: str) -> Path:
 
 
 def device_of(name: str) -> torch.device:
+    """The torch device `name` (cpu, cuda, cuda:N), or for "auto" cuda where this process sees a
+    GPU and cpu elsewhere (compose: each learner container sees only its own GPU)."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"learner device {name!r} requested but CUDA is not available")

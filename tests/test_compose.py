@@ -24,7 +24,8 @@ from tests.test_integration import records, wait_for
 from tests.test_remote_sampler import free_port_base
 
 PROFILES = ("split", "fused", "cpu")
-LEARNERS = {"split": {"actor_learner", "critic_learner"}, "fused": {"learner"}, "cpu": {"learner_cpu"}}
+LEARNERS = {"split": {"actor_learner", "critic_learner"}, "fused": {"learner"},
+            "cpu": {"actor_learner_cpu", "critic_learner_cpu"}}
 NOT_IN_THIS_TREE = {"visualizer"}  # compose services whose module may be missing from a checkout
 
 
@@ -48,6 +49,23 @@ def test_each_profile_runs_its_learners_and_every_other_role(profile: str) -> No
     for svc in active.values():
         assert svc.healthcheck == ["spreeze", "health"], svc.name  # every service is asked itself
         assert svc.environment["SPREEZE_HEALTH"].startswith("ipc:///tmp/")  # container-local
+
+
+def test_cpu_profile_alone_runs_the_split_learners_on_cpu_with_no_gpu_reservation() -> None:
+    import yaml
+
+    from tests.compose import dotenv, interpolate
+
+    variables = {**dotenv(), "COMPOSE_PROFILES": "cpu"}  # the one setting a machine without GPUs needs
+    data = interpolate(yaml.safe_load(COMPOSE_FILE.read_text()), variables)["services"]
+    active = services({"COMPOSE_PROFILES": "cpu"})
+    for name in active:
+        assert "deploy" not in data[name] or "resources" not in data[name]["deploy"], name
+        assert data[name]["image"] == "spreeze-cpu:latest", name
+    words = active["supervisor"].command
+    assert {"learner.mode=split", "learner.actor_device=auto", "learner.critic_device=auto"} <= set(words)
+    ids = {active[n].environment["SPREEZE_SERVICE_ID"] for n in ("actor_learner_cpu", "critic_learner_cpu")}
+    assert ids == {"actor_learner", "critic_learner"}
 
 
 def test_split_learners_reserve_gpu_0_and_gpu_1() -> None:

@@ -1,0 +1,142 @@
+"""The two real paths a user takes, on a real Docker engine (SPREEZE_REAL_PATHS=1; .ci/run sets it).
+
+- A bare machine: a container of Debian bookworm with python3 and nothing optional (no GL,
+  no browser, no Docker) runs the README's install command and a short HalfCheetah-v5 run,
+  which must evaluate with no service restart.
+- `docker compose` with COMPOSE_PROFILES=cpu on images built offline: every container
+  healthy, two evaluation records and checkpoints, two scaled samplers and a sampler
+  container outside the project counted in replay's ledger, a SIGKILLed container
+  restarted by compose and registered again, and nothing left after `down -v`.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests import docker_engine as de
+
+WHY_NOT = de.ready()
+pytestmark = pytest.mark.skipif(bool(WHY_NOT), reason=WHY_NOT)
+
+RUN = "ci"  # run directory in the compose project's runs volume
+OUTSIDE = f"{de.PROJECT}-outside-sampler"  # a sampler container that is not part of the project
+SHORT_RUN = ["--env", "HalfCheetah-v5", "--run-dir", "runs/bare", "--total-steps", "3000",
+             "sampler.warmup_steps=1000", "replay.min_size=1000", "eval.every_updates=500", "eval.episodes=1"]
+
+
+@pytest.fixture(scope="module")
+def images() -> None:
+    de.images()
+
+
+def jsonl(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+@pytest.mark.timeout(1800)
+def test_quick_start_on_a_bare_machine_trains_and_evaluates(tmp_path: Path, images: None) -> None:
+    install = de.quick_start_commands()[0]
+    assert install.endswith("spreeze train"), install
+    src = de.source_copy(tmp_path / "src")
+    script = f"{install} {' '.join(SHORT_RUN)}"
+    done = subprocess.run(["docker", "run", "--rm", "--network", "host", *de.pip_passthrough(),
+                           "-v", f"{src}:/src", "-w", "/src", de.BARE_IMAGE, "bash", "-c", script],
+                          capture_output=True, text=True, timeout=1500)
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-6000:]
+    assert "budget of 3,000 env steps reached" in done.stdout, done.stdout[-3000:]
+    rows = jsonl((src / "runs" / "bare" / "metrics.jsonl").read_text())
+    assert [r for r in rows if r["kind"] == "eval"], "no evaluation record"
+    events = [r for r in rows if r["kind"] == "event"]
+    assert not [e for e in events if e.get("event") == "restart"], events
+    unavailable = [e for e in events if e.get("event") == "video_unavailable"]
+    assert unavailable and "libosmesa6" in unavailable[0]["reason"]  # said why, and went on
+
+
+# ------------------------------------------------------------------ docker compose, CPU profile
+
+COMPOSE_ENV = {"COMPOSE_PROFILES": "cpu", "SPREEZE_CONFIG": "halfcheetah-smoke.yaml", "SPREEZE_ENV": "HalfCheetah-v5",
+               "SPREEZE_TOTAL_STEPS": "1000000", "SPREEZE_RUN": RUN, "SPREEZE_SAMPLERS": "2",
+               "SPREEZE_BASE_IMAGE": de.GL_IMAGE, "SPREEZE_VISUALIZER_PORT": "18080"}
+
+
+def metrics() -> list[dict[str, Any]]:
+    return jsonl(de.read_volume_file("runs", f"{RUN}/metrics.jsonl"))
+
+
+def ledger_senders(rows: list[dict[str, Any]]) -> dict[str, int]:
+    """Rows stored per sender, from replay's newest metrics."""
+    replay = [r for r in rows if r["kind"] == "metrics" and r.get("service") == "replay"]
+    if not replay:
+        return {}
+    return {k.split("/")[1]: int(v) for k, v in replay[-1].items()
+            if k.startswith("ledger/") and k.endswith("/stored") and int(v) > 0}
+
+
+def services_json() -> dict[str, Any]:
+    text = de.read_volume_file("runs", f"{RUN}/services.json")
+    return json.loads(text) if text else {}
+
+
+def all_healthy() -> bool:
+    found = de.containers(all_states=False)
+    states = {de.service_of(c): c["State"].get("Health", {}).get("Status") for c in found}
+    return len(found) == 8 and all(s == "healthy" for s in states.values())
+
+
+def critic_updates() -> int:
+    rows = [r for r in metrics() if r["kind"] == "metrics" and r.get("service") == "critic_learner"]
+    return int(rows[-1].get("updates", 0)) if rows else 0
+
+
+@pytest.mark.timeout(2400)
+def test_compose_cpu_profile_on_a_real_engine(images: None) -> None:
+    de.compose("down", "-v", "--remove-orphans", env=COMPOSE_ENV, check=False)
+    subprocess.run(["docker", "rm", "-f", OUTSIDE], capture_output=True, timeout=60)
+    try:
+        de.compose("up", "-d", "--scale", "sampler=2", env=COMPOSE_ENV, timeout=600)
+        # 8 containers: supervisor, replay, actor- and critic-learner, evaluator, visualizer, 2 samplers
+        de.wait_for(all_healthy, 420, "every container healthy")
+        de.wait_for(lambda: len([s for s in ledger_senders(metrics()) if s.startswith("sampler-")]) >= 2,
+                    300, "two compose samplers in replay's ledger")
+
+        # a sampler on "another host": a container outside the project, over the published tcp ports
+        subprocess.run(["docker", "run", "-d", "--name", OUTSIDE, "--network", "host", de.CPU_IMAGE,
+                        "spreeze", "sampler", "--connect", "tcp://127.0.0.1:5555", "--id", "sampler-outside"],
+                       check=True, capture_output=True, timeout=120)
+        de.wait_for(lambda: "sampler-outside" in ledger_senders(metrics()), 300, "the outside sampler's rows")
+
+        # crash-only: SIGKILL the critic-learner's main process; compose restarts it, it registers again
+        victim = next(c for c in de.containers(all_states=False) if de.service_of(c) == "critic_learner_cpu")
+        subprocess.run(["docker", "kill", "--signal", "KILL", victim["Id"]], check=True, capture_output=True,
+                       timeout=60)
+        de.wait_for(lambda: services_json().get("critic_learner", {}).get("restarts", 0) >= 1
+                    and services_json()["critic_learner"]["state"] == "running", 300, "the critic-learner back")
+        restarted = json.loads(de.sh("docker", "inspect", victim["Id"]).stdout)[0]
+        assert restarted["RestartCount"] >= 1 and restarted["State"]["Running"]
+        before = critic_updates()
+        de.wait_for(lambda: critic_updates() > before, 300, "updates after the restart")
+
+        de.wait_for(lambda: len([r for r in metrics() if r["kind"] == "eval"]) >= 2, 600, "two evaluations")
+        listing = de.sh("docker", "run", "--rm", "-v", f"{de.PROJECT}_runs:/v:ro", "--entrypoint", "ls",
+                        de.CPU_IMAGE, f"/v/{RUN}/checkpoints").stdout.split()
+        assert {"best.pt", "latest.pt"} <= set(listing), listing
+        rows = metrics()
+        assert [r for r in rows if r["kind"] == "event" and r.get("event") == "video"], "no video recorded"
+        assert all_healthy()
+    except BaseException:
+        logs = de.compose("logs", "--tail", "40", env=COMPOSE_ENV, check=False)
+        print(logs.stdout[-20000:])
+        raise
+    finally:
+        subprocess.run(["docker", "rm", "-f", OUTSIDE], capture_output=True, timeout=60)
+        de.compose("down", "-v", "--remove-orphans", env=COMPOSE_ENV, timeout=300)
+    assert de.containers() == []
+    volumes = de.sh("docker", "volume", "ls", "-q", "--filter", f"name={de.PROJECT}_").stdout.split()
+    assert volumes == []
+    networks = de.sh("docker", "network", "ls", "-q", "--filter", f"name={de.PROJECT}_").stdout.split()
+    assert networks == []

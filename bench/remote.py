@@ -21,8 +21,8 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
-from common.codec import Encoder
-from common.curve import client_keys, make_keys, server_keys, start_authenticator
+from proto.codec import Encoder
+from common.curve_auth import client_keys, make_keys, server_keys, start_authenticator
 from common.transport import Channel, ipc_endpoint, make_ipc_dir
 from proto.messages import Experience
 

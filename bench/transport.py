@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from common.codec import Encoder, decode
+from proto.codec import Encoder, decode
 from common.transport import ROLES, ipc_endpoint, make_ipc_dir
 
 # Queue depth for the measurement. The training system keeps at most sampler.ack_window

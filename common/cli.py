@@ -14,7 +14,8 @@ from pathlib import Path
 import yaml
 
 from common.config import Config, field_docs, given_keys, load_config, parse_override, to_dict
-from common.errors import ConfigError, SpreezeError
+from common.errors import ConfigError
+from proto.errors import SpreezeError
 from common.sparse import NETWORKS
 
 BENCHES = ("transport", "learning", "sampling", "update", "e2e", "tuner", "snapshot", "remote")  # modules bench/<name>.py
@@ -177,7 +178,7 @@ def cmd_sampler(args: argparse.Namespace) -> int:
 
 
 def cmd_keys(args: argparse.Namespace) -> int:
-    from common.curve import make_keys
+    from common.curve_auth import make_keys
 
     d = make_keys(args.dir, args.client)
     print(f"CURVE keys in {d}: server pair server.key(_secret), client pair {args.client}.key(_secret), "

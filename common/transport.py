@@ -20,9 +20,10 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from common.codec import DEFAULT_LIMITS, Encoder, Limits, decode
-from common.errors import ConfigError, ProtocolError, TransportTimeout
-from common.curve import CurveKeys
+from proto.codec import DEFAULT_LIMITS, Encoder, Limits, decode
+from common.errors import ConfigError, TransportTimeout
+from proto.errors import ProtocolError
+from common.curve_auth import CurveKeys
 from proto.messages import Error, Message, from_envelope, to_frames
 
 log = logging.getLogger(__name__)

@@ -15,8 +15,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from common.codec import Encoder, Envelope
-from common.errors import SchemaError, UnknownTypeError
+from proto.codec import Encoder, Envelope
+from proto.errors import SchemaError, UnknownTypeError
 
 SPEC_VERSION = "1.3"  # proto/SPEC.md document version; wire major version is codec.PROTOCOL_VERSION
 

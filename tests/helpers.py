@@ -21,7 +21,7 @@ import zmq
 import zmq.asyncio
 
 from common.algorithms import ActorPart, CriticPart, make_parts
-from common.codec import Encoder
+from proto.codec import Encoder
 from common.config import Config, load_config, to_dict
 from common.envs import env_spec
 from common.errors import TransportTimeout

@@ -89,7 +89,7 @@ def test_bench_e2e_smoke(tmp_path: Path) -> None:
 def test_transport_seconds_count_codec_and_socket_calls() -> None:
     import zmq.asyncio
 
-    from common.codec import Encoder
+    from proto.codec import Encoder
     from common.transport import Channel, transport_seconds
     from proto.messages import Heartbeat
 

@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 import zmq
 
-from common.codec import Encoder
-from common.curve import client_keys, make_keys
+from proto.codec import Encoder
+from common.curve_auth import client_keys, make_keys
 from proto.messages import Experience, to_frames
 from tests.test_integration import FAST, pid_alive, records, wait_for
 

@@ -15,7 +15,7 @@ from torch import nn
 from common.algorithms import SACConfig, TD3Config, fused_step, make_parts
 from common.algorithms.base import ActorPart, CriticPart
 from common.cli import parser, train_config
-from common.codec import Encoder, decode
+from proto.codec import Encoder, decode
 from common.config import load_config
 from common.errors import ConfigError
 from common.numpy_policy import NumpyActor

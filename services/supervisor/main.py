@@ -25,10 +25,11 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from common.codec import Encoder
+from proto.codec import Encoder
 from common.config import TCP_OFFSETS, Config, to_dict
-from common.curve import CurveKeys, client_keys, server_keys, start_authenticator
-from common.errors import ConfigError, SpreezeError
+from common.curve_auth import CurveKeys, client_keys, server_keys, start_authenticator
+from common.errors import ConfigError
+from proto.errors import SpreezeError
 from common.health import ENV_HEALTH, serve_health
 from common.service import ENV_KEYS
 from common.transport import Channel, ipc_endpoint, make_ipc_dir, tcp_host, tcp_port

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bench.system import BenchFailed, rate
-from common.cli import main as cli
+from cli.main import main as cli
 
 
 def test_rate_excludes_start_up_and_the_shutdown() -> None:

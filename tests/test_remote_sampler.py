@@ -52,7 +52,7 @@ def free_port_base() -> int:
 
 
 def cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "common.cli", *args]
+    return [sys.executable, "-m", "cli", *args]
 
 
 def roster(run: Path) -> dict[str, dict]:

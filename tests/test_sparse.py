@@ -14,7 +14,8 @@ from torch import nn
 
 from common.algorithms import SACConfig, TD3Config, fused_step, make_parts
 from common.algorithms.base import ActorPart, CriticPart
-from common.cli import parser, train_config
+from cli.main import parser
+from cli.train import train_config
 from proto.codec import Encoder, decode
 from common.config import load_config
 from common.errors import ConfigError

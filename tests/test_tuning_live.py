@@ -122,7 +122,7 @@ def test_spreeze_train_tunes_and_publishes_each_decision(tmp_path: Path) -> None
     import sys
 
     run = tmp_path / "tuned"
-    cmd = [sys.executable, "-m", "common.cli", "train", "--run-dir", str(run), "--env", "Pendulum-v1",
+    cmd = [sys.executable, "-m", "cli", "train", "--run-dir", str(run), "--env", "Pendulum-v1",
            "--time-limit", "45", "replay.min_size=500", "sampler.warmup_steps=500", "eval.every_updates=100000",
            "supervisor.tune=true", "supervisor.tune_window=3", "supervisor.tune_settle=1",
            "supervisor.progress_every=60", "learner.threads=1"]

@@ -14,8 +14,7 @@ from typing import Any
 
 import yaml
 
-from common.algorithms.sac import SACConfig
-from common.algorithms.td3 import TD3Config
+from common.algorithms import ALGOS, Algorithm, SACConfig, TD3Config, algorithm
 from common.errors import ConfigError
 from common.sparse import SparseConfig
 
@@ -182,7 +181,7 @@ class Config:
     supervisor: SupervisorConfig = field(default_factory=SupervisorConfig)
 
     def validate(self) -> None:
-        _choice(self, "algo", ("td3", "sac"))
+        _choice(self, "algo", ALGOS)
         _positive(self, "total_steps")
         _non_negative(self, "time_limit", "seed")
         if not self.env:
@@ -204,7 +203,7 @@ class Config:
             raise ConfigError(f"learner.batch_size x learner.batches_per_request = "
                               f"{lc.batch_size * lc.batches_per_request} exceeds replay.capacity="
                               f"{self.replay.capacity}: one sample request could never be answered")
-        delay = self.td3.policy_delay if self.algo == "td3" else 1
+        delay = self.algorithm.policy_delay(self.algo_config)
         if lc.mode == "split" and lc.max_lag < lc.sync_every * delay - 1:
             # the critic stops max_lag updates past the newest actor copy; the actor sends its next
             # copy only after sync_every x delay critic updates: with less lag both wait forever
@@ -212,8 +211,14 @@ class Config:
                               f"= {lc.sync_every * delay - 1} in split mode, or the learners deadlock")
 
     @property
-    def algo_config(self) -> TD3Config | SACConfig:
-        return self.td3 if self.algo == "td3" else self.sac
+    def algorithm(self) -> Algorithm:
+        """The descriptor of the run's algorithm."""
+        return algorithm(self.algo)
+
+    @property
+    def algo_config(self) -> Any:
+        """The run's algorithm's hyperparameters: the config section named after it."""
+        return getattr(self, self.algo)
 
     @property
     def total_updates(self) -> int:

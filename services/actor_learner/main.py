@@ -14,7 +14,7 @@ from typing import Any
 import zmq
 
 from common.config import to_dict
-from common.weights import WeightsFollower, to_state
+from common.weights import WeightsFollower, WeightsPublisher, to_state
 from services.learner.base import LOSS_EVERY, LearnerBase
 
 WAIT_MS = 20  # poll granularity while waiting for critic weights
@@ -61,10 +61,10 @@ class ActorLearner(LearnerBase):
             self.tick(self.actor.updates, {"critic_lag": lag, "critic_updates_seen": self.critic_updates})
         self.publish_actor(to_samplers, self.actor)
 
-    def send_sync(self, pub: Any) -> None:
-        self.publish_actor(pub, self.actor, "actor")
-        if self.actor.target_actor_state() is not None:
-            self.publish_actor(pub, self.actor, "actor_target")
+    def send_sync(self, pub: WeightsPublisher) -> None:
+        """The actor networks the critic part needs (TD3: the actor and its target)."""
+        for net in self.cfg.algorithm.actor_nets:
+            self.publish_actor(pub, self.actor, net)
 
     def state(self) -> dict[str, Any]:
         return {"actor": self.actor.save(), "updates": self.actor.updates,

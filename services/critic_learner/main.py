@@ -57,9 +57,9 @@ class CriticLearner(LearnerBase):
             self.tick(self.critic.updates, {"policy_lag": lag})
 
     def take_actor(self, latest: dict[str, Weights]) -> None:
-        actor, target = latest.get("actor"), latest.get("actor_target")
-        if actor is None or (target is None and self.cfg.algo == "td3"):
-            return  # TD3's pair arrives as two messages: wait for both (load_actor refuses a None target)
+        if any(net not in latest for net in self.cfg.algorithm.actor_nets):
+            return  # a pair (TD3: actor and target actor) arrives as two messages: wait for both
+        actor, target = latest["actor"], latest.get("actor_target")
         self.critic.load_actor(to_state(actor), to_state(target) if target else None, actor.extras)
         self.actor_seen = actor.updates
 

@@ -45,18 +45,11 @@ POLL_MS = 50  # poll timeout, so shutdown and metrics are never late by more tha
 DRAIN_MAX = 64  # messages taken per socket per wake-up
 
 
-def samples_per_update(cfg: Config) -> float:
-    """Batches sampled per critic update: the fused learner reuses one batch for both
-    parts; split learners sample separately, the TD3 actor once per policy_delay."""
-    if cfg.learner.mode == "fused":
-        return 1.0
-    return 1.0 + (1.0 / cfg.td3.policy_delay if cfg.algo == "td3" else 1.0)
-
-
 def limiter_config(cfg: Config) -> RateLimiterConfig:
     """Update-to-data ratio (critic updates per env step) -> sampled transitions per insert."""
     rc = cfg.replay
-    spi = rc.update_to_data * cfg.learner.batch_size * samples_per_update(cfg)
+    spi = rc.update_to_data * cfg.learner.batch_size * cfg.algorithm.samples_per_update(
+        cfg.algo_config, fused=cfg.learner.mode == "fused")
     # slack in sampled transitions: a fraction of the warm-up's worth of updates, and never
     # less than every learner's in-flight requests, so neither side can deadlock
     lc = cfg.learner

@@ -60,7 +60,7 @@ ROLES: dict[str, tuple[Role, Role]] = {
     # Experience is acknowledged (DEALER -> ROUTER, acks back): a sampler keeps at most
     # sampler.ack_window unacknowledged batches in flight (credit flow control, which keeps
     # queued data fresh) and re-sends after a replay restart. The HWM only has to hold a
-    # window plus one re-sent window (config caps the window at 8).
+    # window plus one re-sent window (config's MAX_ACK_WINDOW is half of it).
     "experience": (Role(zmq.ROUTER, True, 16, 0), Role(zmq.DEALER, False, 16, 2000)),
     # Request/reply: learners keep a few requests in flight (prefetch); 16 is plenty.
     "sample": (Role(zmq.ROUTER, True, 16, 0), Role(zmq.DEALER, False, 16, 0)),
@@ -85,11 +85,7 @@ def make_ipc_dir(prefix: str = "spz-") -> str:
 
 
 def ipc_endpoint(directory: str, name: str) -> str:
-    endpoint = f"ipc://{directory}/{name}"
-    if len(endpoint) - len("ipc://") > IPC_PATH_MAX:
-        raise ConfigError(f"ipc path {endpoint!r} is longer than {IPC_PATH_MAX} bytes; "
-                          "use a shorter socket directory")
-    return endpoint
+    return check_endpoint(f"ipc://{directory}/{name}")
 
 
 def check_endpoint(endpoint: str) -> str:

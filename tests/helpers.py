@@ -28,7 +28,7 @@ from common.errors import TransportTimeout
 from common.service import Service
 from common.transport import Channel, ipc_endpoint, make_ipc_dir
 from proto.messages import Experience, Message, Metrics, Register, TransitionLayout, Welcome
-from services.supervisor.main import ENDPOINT_NAMES
+from proto.names import SOCKETS as ENDPOINT_NAMES
 
 S = TypeVar("S", bound=Service)
 T = TypeVar("T")

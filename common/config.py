@@ -17,12 +17,13 @@ import yaml
 from common.algorithms import ALGOS, Algorithm, SACConfig, TD3Config, algorithm
 from common.errors import ConfigError
 from common.sparse import SparseConfig
+from common.transport import ROLES, tcp_port
 
 
 # socket name -> port offset from supervisor.listen's port: the sockets remote samplers need
 TCP_OFFSETS = {"control": 0, "metrics_in": 1, "experience": 2, "actor_weights": 3}
-MAX_PREFETCH = 16  # = the sample sockets' HWM (common/transport.py ROLES): a ROUTER silently drops beyond it
-MAX_ACK_WINDOW = 8  # half the experience sockets' HWM: a window plus its re-sent copy always fit
+MAX_PREFETCH = min(r.hwm for r in ROLES["sample"])  # replies beyond the sample sockets' HWM: the ROUTER drops them
+MAX_ACK_WINDOW = min(r.hwm for r in ROLES["experience"]) // 2  # a window plus its re-sent copy always fit the HWM
 
 
 @dataclass(frozen=True)
@@ -153,8 +154,6 @@ class SupervisorConfig:
             raise ConfigError(f"supervisor.min_batch_size={self.min_batch_size} exceeds "
                               f"supervisor.max_batch_size={self.max_batch_size}")
         if self.listen:
-            from common.transport import tcp_port  # late: transport imports this module's errors only
-
             if tcp_port(self.listen) > 65535 - len(TCP_OFFSETS):
                 raise ConfigError(f"supervisor.listen={self.listen!r}: the port needs "
                                   f"{len(TCP_OFFSETS)} free ports above it")
@@ -224,6 +223,15 @@ class Config:
     def total_updates(self) -> int:
         """The run's budget in (critic) gradient updates; 0 when not rate limited (unknown)."""
         return int(self.total_steps * self.replay.update_to_data)
+
+
+def with_batch_size(cfg: Config, value: Any, who: str) -> Config:
+    """`cfg` with learner.batch_size = `value`: the one way a running run changes its batch size
+    (the supervisor's tuning, and the `set batch_size` command in replay and the learners)."""
+    if type(value) is not int or not 0 < value <= cfg.replay.capacity:
+        raise ConfigError(f"{who}: cannot set batch_size={value!r} "
+                          f"(settable: batch_size in 1..{cfg.replay.capacity}, the replay capacity)")
+    return dataclasses.replace(cfg, learner=dataclasses.replace(cfg.learner, batch_size=value))
 
 
 # ------------------------------------------------------------------ validation helpers

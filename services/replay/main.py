@@ -16,7 +16,6 @@ batches are durable, and may forget them.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from collections import deque
@@ -28,7 +27,7 @@ import zmq
 import zmq.asyncio
 
 from common.envs import env_spec
-from common.config import Config
+from common.config import Config, with_batch_size
 from common.errors import ConfigError
 from common.rate_limiter import RateLimiter, RateLimiterConfig
 from common.replay_buffer import ReplayBuffer, ReplayInputError
@@ -78,16 +77,16 @@ class Replay(Service):
         self.snap_stats = {"snapshots": 0, "snapshot_s": 0.0, "snapshot_copy_max_s": 0.0, "restored_rows": 0}
         self.exp: Channel | None = None
         self.ready = False  # restored (or found nothing to restore) and serving
+        self.last_snapshot = time.monotonic()
 
     def counters(self) -> dict[str, Any]:
         return {"size": self.buffer.size, "inserted": self.limiter.inserts}
 
     def set_param(self, key: str, value: Any) -> None:
         """`batch_size`: the learners' new batch size; the rate limiter's samples per insert follow."""
-        if key != "batch_size" or type(value) is not int or not 0 < value <= self.cfg.replay.capacity:
-            raise ConfigError(f"replay: cannot set {key}={value!r} "
-                              f"(settable: batch_size in 1..{self.cfg.replay.capacity})")
-        self.cfg = dataclasses.replace(self.cfg, learner=dataclasses.replace(self.cfg.learner, batch_size=value))
+        if key != "batch_size":
+            raise ConfigError(f"replay: cannot set {key}={value!r} (settable: batch_size)")
+        self.cfg = with_batch_size(self.cfg, value, self.ROLE)
         self.limiter.reconfigure(limiter_config(self.cfg))
 
 

@@ -22,16 +22,23 @@ WAIT_MS = 20  # poll granularity while waiting for actor weights
 class CriticLearner(LearnerBase):
     ROLE = "critic_learner"
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _, self.critic = self.parts(shared=False)
+        self.actor_seen = 0  # critic-update count at which the newest actor copy was made
+
+    def device_name(self) -> str:
+        return self.cfg.learner.critic_device
+
     def counters(self) -> dict[str, Any]:
-        return {"updates": self.critic.updates if hasattr(self, "critic") else 0}
+        return {"updates": self.critic.updates}
 
     async def serve(self) -> None:
         lc = self.cfg.learner
-        _, self.critic = self.setup(lc.critic_device, shared=False)
-        self.actor_seen = 0  # critic-update count at which the newest actor copy was made
         if (saved := self.restored()) is not None:
             self.critic.load(saved["critic"])  # with its (target) actor copy
             self.actor_seen = int(saved.get("versions", {}).get("actor_seen", 0))
+        self.ready = True
         to_actor = self.publisher("critic_sync")
         actors = WeightsFollower(self.channel("weights", binding=False, name="actor_sync"))
         latest: dict[str, Weights] = {}

@@ -79,7 +79,7 @@ def train_for(cfg: Config, seconds: float, window: float) -> tuple[list[dict[str
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
     sup = Supervisor(cfg, quiet=True)
 
-    async def go() -> tuple[int, float]:
+    async def go() -> tuple[int, float, float]:
         task = asyncio.create_task(sup.run())
         deadline = time.monotonic() + STARTUP_S
         while not task.done() and time.monotonic() < deadline:

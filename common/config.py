@@ -189,7 +189,7 @@ class Config:
             value = getattr(self, f.name)
             if dataclasses.is_dataclass(value):
                 try:
-                    value.validate()
+                    value.validate()  # type: ignore[union-attr]  # every config section has validate()
                 except ConfigError:
                     raise
                 except ValueError as exc:
@@ -278,7 +278,7 @@ def build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
 
 
 def _coerce(hint: Any, value: Any, key: str) -> Any:
-    if dataclasses.is_dataclass(hint):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return build(hint, value, key + ".")
     origin = typing.get_origin(hint)
     if origin is tuple:
@@ -391,9 +391,9 @@ def field_docs(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str
     rows = []
     for f in dataclasses.fields(cls):
         hint = typing.get_type_hints(cls)[f.name]
-        if dataclasses.is_dataclass(hint):
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
             rows += field_docs(hint, f"{prefix}{f.name}.")
         else:
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc,operator]
             rows.append((f"{prefix}{f.name}", repr(default), docs.get(f.name, "")))
     return rows

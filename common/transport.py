@@ -131,7 +131,7 @@ class Channel:
         self.last_sender, self.last_session, self.last_seq = "", "", -1
         self.sock = ctx.socket(spec.kind)
         # a sync twin of the same socket, for non-blocking calls (asyncio sockets return futures)
-        self.now = zmq.Socket.shadow(self.sock.underlying)
+        self.now: zmq.Socket[bytes] = zmq.Socket.shadow(self.sock.underlying)
         self.sock.setsockopt(zmq.SNDHWM, spec.hwm if hwm is None else hwm)
         self.sock.setsockopt(zmq.RCVHWM, spec.hwm if hwm is None else hwm)
         # libzmq refuses (and disconnects) peers sending frames over the codec's byte limit
@@ -268,7 +268,7 @@ class Channel:
         """Start watching this (connecting) socket's connections with a ZeroMQ socket monitor."""
         self._disconnected = False
         events = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
-        self._monitor = zmq.Socket.shadow(self.sock.get_monitor_socket(events).underlying)
+        self._monitor: zmq.Socket[bytes] = zmq.Socket.shadow(self.sock.get_monitor_socket(events).underlying)
 
     def reconnected(self) -> bool:
         """Whether a connection was made after a disconnection since the last call: the peer

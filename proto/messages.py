@@ -51,7 +51,7 @@ class TransitionLayout:
     def width(self) -> int:
         return 2 * self.obs_dim + self.act_dim + 2
 
-    def columns(self, m: np.ndarray) -> dict[str, np.ndarray]:
+    def columns(self, m: Any) -> dict[str, Any]:
         """Named column views (no copies) of an [n, width] matrix (numpy or torch)."""
         o, a = self.obs_dim, self.act_dim
         return {"obs": m[:, :o], "action": m[:, o:o + a], "reward": m[:, o + a],

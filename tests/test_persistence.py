@@ -258,7 +258,7 @@ def final_snapshot_rows(run_dir: Path) -> np.ndarray:
     d = run_dir / "replay"
     meta = _read_meta(d, max(complete_snapshots(d)))
     parts = []
-    for first, end, name in meta["segments"]:
+    for first, _end, name in meta["segments"]:
         with open(d / name, "rb") as f:
             parts.append(np.load(f)[max(0, meta["rows"] - meta["size"] - first):])
     return np.concatenate(parts)

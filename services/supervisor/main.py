@@ -281,8 +281,8 @@ class Supervisor:
                           f"registered" + (f" again ({ext.joins - 1} restarts)" if ext.joins > 1 else ""),
                   {"service": sid, "role": msg.role, "host": msg.host, "pid": msg.pid, "remote": msg.remote})
         self.write_roster()
-        await self.control.send(Welcome(sid, endpoints, self.welcome_config(msg.role), self.cfg.supervisor.heartbeat_interval,
-                                        self.tcp), to=peer)
+        await self.control.send(Welcome(sid, endpoints, self.welcome_config(msg.role),
+                                        self.cfg.supervisor.heartbeat_interval, self.tcp), to=peer)
 
     def external_heartbeat(self, sid: str, msg: Heartbeat) -> None:
         was = self.externals.by_id.get(sid)

@@ -93,7 +93,7 @@ class TuningLoop:
                            f"{self.setting.describe()}", {"action": "stopped", **dataclasses.asdict(self.setting)})
 
     async def tune(self) -> None:
-        before = await self.first_update()
+        before: Sample | None = await self.first_update()
         while True:
             await asyncio.sleep(self.sc.tune_window)
             now = self.host.read()

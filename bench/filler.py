@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 
+from typing import Any
+
 import numpy as np
 
 from common.envs import env_spec
@@ -23,14 +25,18 @@ CHUNK = 4096  # transitions per pushed message
 class Filler(Service):
     ROLE = "filler"
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.pushed = 0  # transitions sent
+
     def counters(self) -> dict[str, int]:
-        return {"pushed": getattr(self, "pushed", 0)}
+        return {"pushed": self.pushed}
 
     async def serve(self) -> None:
         layout, _, _ = env_spec(self.cfg.env)
         push = self.channel("experience", binding=False)
         rng = np.random.default_rng(self.cfg.seed + 29)
-        target, self.pushed = self.cfg.replay.capacity, 0
+        target = self.cfg.replay.capacity
         while self.running and self.pushed < target:
             n = min(CHUNK, target - self.pushed)
             rows = rng.uniform(-1.0, 1.0, (n, layout.width)).astype(np.float32)  # fresh: sends are zero-copy

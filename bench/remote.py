@@ -21,8 +21,8 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
-from common.codec import Encoder
-from common.curve import client_keys, make_keys, server_keys, start_authenticator
+from proto.codec import Encoder
+from common.curve_auth import client_keys, make_keys, server_keys, start_authenticator
 from common.transport import Channel, ipc_endpoint, make_ipc_dir
 from proto.messages import Experience
 
@@ -33,7 +33,7 @@ async def throughput(ctx: zmq.asyncio.Context, endpoint: str, keys: str | None, 
     """Transitions per second from one PUSH to one PULL over `endpoint`."""
     pull = Channel(ctx, "experience", endpoint, binding=True, encoder=Encoder("replay"),
                    curve=server_keys(keys) if keys else None)
-    bound = pull.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+    bound = pull.sock.getsockopt_string(zmq.LAST_ENDPOINT)
     push = Channel(ctx, "experience", bound, binding=False, encoder=Encoder("sampler"),
                    curve=client_keys(keys) if keys else None)
     msg = Experience(np.random.default_rng(0).random((rows, 2 * OBS + ACT + 2), np.float32), OBS, ACT, rows)

@@ -51,7 +51,7 @@ from common.config import Config, from_dict, load_config
 from common.envs import env_spec
 from common.sparse import NETWORKS
 from common.sparse_stats import combined_flops_ratio, overall_sparsity
-from services.supervisor.progress import LEARNER_ROLES
+from proto.names import LEARNER_ROLES
 
 ROOT = Path(__file__).resolve().parents[1]
 OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*=")  # a key=value config override among the arguments

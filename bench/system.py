@@ -47,8 +47,7 @@ def measure(cfg: Config, specs: list[ServiceSpec], ready: Callable[[Progress], b
         task = asyncio.create_task(sup.run())
         deadline = time.monotonic() + STARTUP_S
         while not task.done():
-            progress: Progress | None = getattr(sup, "progress", None)  # set by run() before any start
-            if progress is not None and ready(progress):
+            if ready(sup.progress):
                 break
             if time.monotonic() > deadline:
                 sup.stop(f"not under way within {STARTUP_S:.0f}s", failure=True)

@@ -31,14 +31,14 @@ from typing import Any
 import numpy as np
 import zmq
 
-from common.codec import Encoder, decode
 from common.transport import ROLES, ipc_endpoint, make_ipc_dir
+from proto.codec import Encoder, decode
+from proto.messages import Experience, from_envelope, to_frames
 
 # Queue depth for the measurement. The training system keeps at most sampler.ack_window
 # unacknowledged batches in flight (freshness of data); a throughput measurement of the
 # codec needs enough depth that neither side waits on the other's scheduling.
 BENCH_HWM = 64
-from proto.messages import Experience, from_envelope, to_frames
 
 OBS_DIM, ACT_DIM = 17, 6  # HalfCheetah
 WIDTH = 2 * OBS_DIM + ACT_DIM + 2
@@ -164,7 +164,7 @@ def _send_until_stopped(conn: Connection, sock: zmq.Socket, path: str, batch: in
         else:
             for _ in range(CHECK_EVERY):
                 sent += 1
-                send([header, arr], copy=False)
+                send([header, arr], copy=False)  # type: ignore[list-item]  # pyzmq sends any buffer
     conn.recv()  # the "stop"
     return sent
 
@@ -249,7 +249,7 @@ def run(batch_sizes: tuple[int, ...] = (256, 4096), seconds: float = 3.0, repeat
     pair = _Pair()
     try:
         pair.start()
-        runs = {b: {p: [] for p in PATHS} for b in batch_sizes}
+        runs: dict[int, dict[str, list[tuple[float, float]]]] = {b: {p: [] for p in PATHS} for b in batch_sizes}
         for batch in batch_sizes:
             for _ in range(repeats):
                 for path in PATHS:
@@ -269,9 +269,7 @@ def _summarize(runs: dict[int, dict[str, list[tuple[float, float]]]], seconds: f
     rows = []
     med = statistics.median
     for batch, by_path in runs.items():
-        (codec_tps, codec_cpu), (bare_tps, bare_cpu) = (zip(*by_path[p]) for p in PATHS)
-        codec_tps, bare_tps = list(codec_tps), list(bare_tps)
-        codec_cpu, bare_cpu = list(codec_cpu), list(bare_cpu)
+        codec_tps, codec_cpu, bare_tps, bare_cpu = ([run[i] for run in by_path[p]] for p in PATHS for i in (0, 1))
         rows.append({
             "batch": batch, "codec_tps": med(codec_tps), "bare_tps": med(bare_tps),
             "ratio": med(codec_tps) / med(bare_tps),

@@ -40,7 +40,7 @@ from bench.system import STARTUP_S, BenchFailed, log_tails
 from common.config import Config, load_config
 from services.supervisor.main import Supervisor
 from services.supervisor.probe import cpu_seconds, host_cpu
-from services.supervisor.tuner import Setting, Snapshot
+from services.supervisor.tuner import Setting, Window
 
 ENV = "HalfCheetah-v5"
 BAD = Setting(1, 1, 64)  # the deliberately bad start
@@ -65,9 +65,9 @@ def cpu_now(sup: Supervisor) -> tuple[float, float, float]:
 
 
 def load_factor(a: tuple[float, float, float], b: tuple[float, float, float]) -> float:
-    """The tuner's load correction over a window (Snapshot.score): host cores / (ours + idle)."""
+    """The tuner's load correction over a window (Window.score): host cores / (ours + idle)."""
     dt = b[0] - a[0]
-    snap = Snapshot(1.0, 0.0, 0.0, 0.0, 0.0, idle_cores=(b[2] - a[2]) / dt, cpu={"all": (b[1] - a[1]) / dt},
+    snap = Window(1.0, 0.0, 0.0, 0.0, 0.0, idle_cores=(b[2] - a[2]) / dt, cpu={"all": (b[1] - a[1]) / dt},
                     host_cores=os.cpu_count() or 0)
     return snap.score
 
@@ -79,12 +79,11 @@ def train_for(cfg: Config, seconds: float, window: float) -> tuple[list[dict[str
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
     sup = Supervisor(cfg, quiet=True)
 
-    async def go() -> tuple[int, float]:
+    async def go() -> tuple[int, float, float]:
         task = asyncio.create_task(sup.run())
         deadline = time.monotonic() + STARTUP_S
         while not task.done() and time.monotonic() < deadline:
-            progress = getattr(sup, "progress", None)
-            if progress is not None and progress.updates > 0:
+            if sup.progress.updates > 0:
                 break
             await asyncio.sleep(POLL_S)
         if task.done() or time.monotonic() >= deadline:

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from bench.system import STARTUP_S, add_output_args, measure, rate
-from common.algorithms import fused_step, make_parts
+from common.algorithms import ALGOS, fused_step, make_parts
 from common.config import Config, load_config
 from common.envs import env_spec
 from common.learner_io import device_of
@@ -111,7 +111,7 @@ def plain_rate(cfg: Config, seconds: float) -> dict[str, float]:
         torch.set_num_threads(before)
 
 
-def run(algos: tuple[str, ...] = ("td3", "sac"), batch_sizes: tuple[int, ...] = (256, 1024, 4096, 8192),
+def run(algos: tuple[str, ...] = ALGOS, batch_sizes: tuple[int, ...] = (256, 1024, 4096, 8192),
         hidden: tuple[int, ...] = (256, 256), seconds: float = 10.0, threads: int = 1,
         device: str = "cpu", repeats: int = 1, fill: int = 100_000, json_path: str | None = None,
         out: str | None = None, overrides: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -178,7 +178,7 @@ def table(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="spreeze bench update", description=__doc__.splitlines()[0])
-    p.add_argument("--algo", nargs="+", choices=("td3", "sac"), default=["td3", "sac"])
+    p.add_argument("--algo", nargs="+", choices=ALGOS, default=list(ALGOS))
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[256, 1024, 4096, 8192])
     p.add_argument("--hidden", type=int, nargs="+", default=[256, 256], help="hidden sizes, actor and critics")
     p.add_argument("--seconds", type=float, default=10.0, help="measurement window of each side")

@@ -14,16 +14,16 @@ from typing import Any
 
 import yaml
 
-from common.algorithms.sac import SACConfig
-from common.algorithms.td3 import TD3Config
+from common.algorithms import ALGOS, Algorithm, SACConfig, TD3Config, algorithm
 from common.errors import ConfigError
 from common.sparse import SparseConfig
+from common.transport import ROLES, tcp_port
 
 
 # socket name -> port offset from supervisor.listen's port: the sockets remote samplers need
 TCP_OFFSETS = {"control": 0, "metrics_in": 1, "experience": 2, "actor_weights": 3}
-MAX_PREFETCH = 16  # = the sample sockets' HWM (common/transport.py ROLES): a ROUTER silently drops beyond it
-MAX_ACK_WINDOW = 8  # half the experience sockets' HWM: a window plus its re-sent copy always fit
+MAX_PREFETCH = min(r.hwm for r in ROLES["sample"])  # replies beyond the sample sockets' HWM: the ROUTER drops them
+MAX_ACK_WINDOW = min(r.hwm for r in ROLES["experience"]) // 2  # a window plus its re-sent copy always fit the HWM
 
 
 @dataclass(frozen=True)
@@ -154,8 +154,6 @@ class SupervisorConfig:
             raise ConfigError(f"supervisor.min_batch_size={self.min_batch_size} exceeds "
                               f"supervisor.max_batch_size={self.max_batch_size}")
         if self.listen:
-            from common.transport import tcp_port  # late: transport imports this module's errors only
-
             if tcp_port(self.listen) > 65535 - len(TCP_OFFSETS):
                 raise ConfigError(f"supervisor.listen={self.listen!r}: the port needs "
                                   f"{len(TCP_OFFSETS)} free ports above it")
@@ -182,7 +180,7 @@ class Config:
     supervisor: SupervisorConfig = field(default_factory=SupervisorConfig)
 
     def validate(self) -> None:
-        _choice(self, "algo", ("td3", "sac"))
+        _choice(self, "algo", ALGOS)
         _positive(self, "total_steps")
         _non_negative(self, "time_limit", "seed")
         if not self.env:
@@ -191,7 +189,7 @@ class Config:
             value = getattr(self, f.name)
             if dataclasses.is_dataclass(value):
                 try:
-                    value.validate()
+                    value.validate()  # type: ignore[union-attr]  # every config section has validate()
                 except ConfigError:
                     raise
                 except ValueError as exc:
@@ -204,7 +202,7 @@ class Config:
             raise ConfigError(f"learner.batch_size x learner.batches_per_request = "
                               f"{lc.batch_size * lc.batches_per_request} exceeds replay.capacity="
                               f"{self.replay.capacity}: one sample request could never be answered")
-        delay = self.td3.policy_delay if self.algo == "td3" else 1
+        delay = self.algorithm.policy_delay(self.algo_config)
         if lc.mode == "split" and lc.max_lag < lc.sync_every * delay - 1:
             # the critic stops max_lag updates past the newest actor copy; the actor sends its next
             # copy only after sync_every x delay critic updates: with less lag both wait forever
@@ -212,13 +210,28 @@ class Config:
                               f"= {lc.sync_every * delay - 1} in split mode, or the learners deadlock")
 
     @property
-    def algo_config(self) -> TD3Config | SACConfig:
-        return self.td3 if self.algo == "td3" else self.sac
+    def algorithm(self) -> Algorithm:
+        """The descriptor of the run's algorithm."""
+        return algorithm(self.algo)
+
+    @property
+    def algo_config(self) -> Any:
+        """The run's algorithm's hyperparameters: the config section named after it."""
+        return getattr(self, self.algo)
 
     @property
     def total_updates(self) -> int:
         """The run's budget in (critic) gradient updates; 0 when not rate limited (unknown)."""
         return int(self.total_steps * self.replay.update_to_data)
+
+
+def with_batch_size(cfg: Config, value: Any, who: str) -> Config:
+    """`cfg` with learner.batch_size = `value`: the one way a running run changes its batch size
+    (the supervisor's tuning, and the `set batch_size` command in replay and the learners)."""
+    if type(value) is not int or not 0 < value <= cfg.replay.capacity:
+        raise ConfigError(f"{who}: cannot set batch_size={value!r} "
+                          f"(settable: batch_size in 1..{cfg.replay.capacity}, the replay capacity)")
+    return dataclasses.replace(cfg, learner=dataclasses.replace(cfg.learner, batch_size=value))
 
 
 # ------------------------------------------------------------------ validation helpers
@@ -265,7 +278,7 @@ def build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
 
 
 def _coerce(hint: Any, value: Any, key: str) -> Any:
-    if dataclasses.is_dataclass(hint):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return build(hint, value, key + ".")
     origin = typing.get_origin(hint)
     if origin is tuple:
@@ -378,9 +391,9 @@ def field_docs(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str
     rows = []
     for f in dataclasses.fields(cls):
         hint = typing.get_type_hints(cls)[f.name]
-        if dataclasses.is_dataclass(hint):
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
             rows += field_docs(hint, f"{prefix}{f.name}.")
         else:
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc,operator]
             rows.append((f"{prefix}{f.name}", repr(default), docs.get(f.name, "")))
     return rows

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import zmq
 import zmq.asyncio
 
-from common.codec import Encoder
+from proto.codec import Encoder
 from common.errors import TransportTimeout
 from common.transport import Channel
 from proto.messages import Control, ControlReply

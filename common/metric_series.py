@@ -12,12 +12,12 @@ Time axes are seconds since the run started (the rows' ``wall_time``).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from proto.messages import EvalResult, Event, Message, Metrics
+from proto.names import LEARNER_ROLES
 
-LEARNER_ROLES = ("learner", "critic_learner", "actor_learner")
 LAGS = ("policy_lag", "critic_lag")
 SPARSE_PREFIXES = ("sparsity/", "flops_ratio/")
 STALLS = ("insert_stall_s", "sample_stall_s")
@@ -72,10 +72,6 @@ class MetricSeries:
         self.points.setdefault(name, []).append(p)
         for listener in self.listeners:
             listener(name, p)
-
-    def take_all(self, rows: Iterable[dict[str, Any]]) -> None:
-        for row in rows:
-            self.take(row)
 
     def take(self, row: dict[str, Any]) -> None:
         kind, t = row.get("kind"), _number(row.get("wall_time"))

@@ -12,17 +12,19 @@ from collections.abc import Mapping
 
 import numpy as np
 
-_HIDDEN = {"td3": "net", "sac": "trunk"}  # module holding the Linear layers, per algo
-_LAYER = re.compile(r"^(?P<mod>net|trunk)\.(?P<idx>\d+)\.weight$")
+from common.algorithms import algorithm
+from common.algorithms.descriptor import NumpyLayout
+
+_LAYER = re.compile(r"^(?P<mod>\w+)\.(?P<idx>\d+)\.weight$")
 
 
-def _layer_names(state: Mapping[str, np.ndarray], algo: str) -> list[str]:
+def _layer_names(state: Mapping[str, np.ndarray], algo: str, layout: NumpyLayout) -> list[str]:
     """Weight/bias name prefixes of the Linear layers in forward order."""
     found = [(int(m["idx"]), f"{m['mod']}.{m['idx']}") for m in map(_LAYER.match, state)
-             if m is not None and m["mod"] == _HIDDEN[algo]]
+             if m is not None and m["mod"] == layout.trunk]
     names = [name for _, name in sorted(found)]
-    if algo == "sac":
-        names.append("head")
+    if layout.head is not None:
+        names.append(layout.head)
     if not names or any(f"{n}.weight" not in state or f"{n}.bias" not in state for n in names):
         raise ValueError(f"state is not a {algo} actor: keys {sorted(state)}")
     return names
@@ -31,17 +33,16 @@ def _layer_names(state: Mapping[str, np.ndarray], algo: str) -> list[str]:
 class NumpyActor:
     """The actor's forward pass in numpy, float32.
 
-    ``act(obs, rng, explore)``: TD3 adds Gaussian noise (std ``exploration_noise`` half
-    action ranges) to the deterministic action and clips; SAC samples the tanh-Gaussian
-    when exploring and returns ``tanh(mean)`` (rescaled) otherwise.
+    ``act(obs, rng, explore)``: a deterministic policy (TD3) adds Gaussian noise (std
+    ``exploration_noise`` half action ranges) to its action and clips; a stochastic one (SAC)
+    samples the tanh-Gaussian when exploring and returns ``tanh(mean)`` (rescaled) otherwise.
     """
 
     def __init__(self, state: Mapping[str, np.ndarray], algo: str, action_low: np.ndarray,
                  action_high: np.ndarray, exploration_noise: float = 0.1) -> None:
-        if algo not in _HIDDEN:
-            raise ValueError(f"algo={algo!r} must be one of {sorted(_HIDDEN)}")
-        self.algo = algo
-        self._names = _layer_names(state, algo)
+        layout = algorithm(algo).numpy_actor
+        self.algo, self.stochastic = algo, layout.stochastic
+        self._names = _layer_names(state, algo, layout)
         self._wt = [np.ascontiguousarray(np.asarray(state[f"{n}.weight"], np.float32).T)
                     for n in self._names]
         self._b = [np.array(state[f"{n}.bias"], np.float32) for n in self._names]
@@ -53,10 +54,10 @@ class NumpyActor:
         self._bias = ((self.high + self.low) / 2.0).astype(np.float32)
         self._noise_std = (exploration_noise * self._scale).astype(np.float32)
         lo, hi = (np.asarray(state["log_std_bounds"], np.float64).tolist()
-                  if algo == "sac" else (0.0, 0.0))
+                  if self.stochastic else (0.0, 0.0))
         self._log_std_lo, self._log_std_half = np.float32(lo), np.float32(0.5 * (hi - lo))
         out = self._wt[-1].shape[1]
-        if out != (2 if algo == "sac" else 1) * self.act_dim:
+        if out != (2 if self.stochastic else 1) * self.act_dim:
             raise ValueError(f"{algo} actor output size {out} does not fit act_dim={self.act_dim}")
 
     def load(self, state: Mapping[str, np.ndarray]) -> None:
@@ -85,7 +86,7 @@ class NumpyActor:
 
     def act(self, obs: np.ndarray, rng: np.random.Generator, explore: bool) -> np.ndarray:
         """Actions [E, act_dim] float32 within [low, high] for observations [E, obs_dim]."""
-        if not explore or self.algo == "td3":
+        if not explore or not self.stochastic:
             a = self.mean_action(obs)
             if explore:
                 a += rng.standard_normal(a.shape, dtype=np.float32) * self._noise_std

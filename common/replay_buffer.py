@@ -28,7 +28,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from common.errors import ConfigError, SpreezeError
+from common.errors import ConfigError
+from proto.errors import SpreezeError
 
 FIELDS: tuple[str, ...] = ("obs", "action", "reward", "next_obs", "done")
 STATE_VERSION = 1  # bump when state_dict's layout changes incompatibly
@@ -358,7 +359,8 @@ class ReplayBuffer:
 
     def rng_state(self) -> dict[str, Any]:
         """The sampling RNG's state (plain data; PCG64's ints exceed 64 bits: use JSON, not msgpack)."""
-        return copy.deepcopy(self._rng.bit_generator.state)
+        state: dict[str, Any] = dict(self._rng.bit_generator.state)
+        return copy.deepcopy(state)
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed for an exact restore (stored rows copied, RNG state included)."""

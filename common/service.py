@@ -27,9 +27,9 @@ from typing import Any, ClassVar
 import zmq
 import zmq.asyncio
 
-from common.codec import Encoder
+from proto.codec import Encoder
 from common.config import Config, from_dict
-from common.curve import CurveKeys, client_keys, server_keys, start_authenticator
+from common.curve_auth import CurveKeys, client_keys, server_keys, start_authenticator
 from common.errors import ConfigError, PeerError, TransportTimeout
 from common.health import ENV_HEALTH, serve_health
 from common.transport import Channel, tcp_host, transport_seconds

@@ -83,9 +83,3 @@ def combined_flops_ratio(values: Mapping[str, float],
              if f"flops_ratio/{r}" in values and f"dense_flops/{r}" in values]
     total = sum(w for _, w in pairs)
     return sum(r * w for r, w in pairs) / total if total > 0 else None
-
-
-def layer_table(layers: Iterable[LayerStats]) -> list[dict[str, float | int | str]]:
-    """Printable rows: name, shape, non-zeros, sparsity."""
-    return [{"name": r.name, "shape": f"{r.shape[0]}x{r.shape[1]}", "nnz": r.nnz,
-             "sparsity": round(r.sparsity, 4)} for r in layers]

@@ -20,9 +20,10 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from common.codec import DEFAULT_LIMITS, Encoder, Limits, decode
-from common.errors import ConfigError, ProtocolError, TransportTimeout
-from common.curve import CurveKeys
+from proto.codec import DEFAULT_LIMITS, Encoder, Limits, decode
+from common.errors import ConfigError, TransportTimeout
+from proto.errors import ProtocolError
+from common.curve_auth import CurveKeys
 from proto.messages import Error, Message, from_envelope, to_frames
 
 log = logging.getLogger(__name__)
@@ -59,7 +60,7 @@ ROLES: dict[str, tuple[Role, Role]] = {
     # Experience is acknowledged (DEALER -> ROUTER, acks back): a sampler keeps at most
     # sampler.ack_window unacknowledged batches in flight (credit flow control, which keeps
     # queued data fresh) and re-sends after a replay restart. The HWM only has to hold a
-    # window plus one re-sent window (config caps the window at 8).
+    # window plus one re-sent window (config's MAX_ACK_WINDOW is half of it).
     "experience": (Role(zmq.ROUTER, True, 16, 0), Role(zmq.DEALER, False, 16, 2000)),
     # Request/reply: learners keep a few requests in flight (prefetch); 16 is plenty.
     "sample": (Role(zmq.ROUTER, True, 16, 0), Role(zmq.DEALER, False, 16, 0)),
@@ -84,11 +85,7 @@ def make_ipc_dir(prefix: str = "spz-") -> str:
 
 
 def ipc_endpoint(directory: str, name: str) -> str:
-    endpoint = f"ipc://{directory}/{name}"
-    if len(endpoint) - len("ipc://") > IPC_PATH_MAX:
-        raise ConfigError(f"ipc path {endpoint!r} is longer than {IPC_PATH_MAX} bytes; "
-                          "use a shorter socket directory")
-    return endpoint
+    return check_endpoint(f"ipc://{directory}/{name}")
 
 
 def check_endpoint(endpoint: str) -> str:
@@ -134,7 +131,7 @@ class Channel:
         self.last_sender, self.last_session, self.last_seq = "", "", -1
         self.sock = ctx.socket(spec.kind)
         # a sync twin of the same socket, for non-blocking calls (asyncio sockets return futures)
-        self.now = zmq.Socket.shadow(self.sock.underlying)
+        self.now: zmq.Socket[bytes] = zmq.Socket.shadow(self.sock.underlying)
         self.sock.setsockopt(zmq.SNDHWM, spec.hwm if hwm is None else hwm)
         self.sock.setsockopt(zmq.RCVHWM, spec.hwm if hwm is None else hwm)
         # libzmq refuses (and disconnects) peers sending frames over the codec's byte limit
@@ -271,7 +268,7 @@ class Channel:
         """Start watching this (connecting) socket's connections with a ZeroMQ socket monitor."""
         self._disconnected = False
         events = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
-        self._monitor = zmq.Socket.shadow(self.sock.get_monitor_socket(events).underlying)
+        self._monitor: zmq.Socket[bytes] = zmq.Socket.shadow(self.sock.get_monitor_socket(events).underlying)
 
     def reconnected(self) -> bool:
         """Whether a connection was made after a disconnection since the last call: the peer

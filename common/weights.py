@@ -13,13 +13,12 @@ import logging
 import numpy as np
 import zmq
 
+from common.algorithms.base import State
 from common.errors import TransportTimeout
 from common.transport import Channel
 from proto.messages import Weights
 
 log = logging.getLogger(__name__)
-
-State = dict[str, np.ndarray]
 
 
 def dense_message(net: str, version: int, updates: int, state: State,

@@ -15,8 +15,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from common.codec import Encoder, Envelope
-from common.errors import SchemaError, UnknownTypeError
+from proto.codec import Encoder, Envelope
+from proto.errors import SchemaError, UnknownTypeError
 
 SPEC_VERSION = "1.3"  # proto/SPEC.md document version; wire major version is codec.PROTOCOL_VERSION
 
@@ -51,7 +51,7 @@ class TransitionLayout:
     def width(self) -> int:
         return 2 * self.obs_dim + self.act_dim + 2
 
-    def columns(self, m: np.ndarray) -> dict[str, np.ndarray]:
+    def columns(self, m: Any) -> dict[str, Any]:
         """Named column views (no copies) of an [n, width] matrix (numpy or torch)."""
         o, a = self.obs_dim, self.act_dim
         return {"obs": m[:, :o], "action": m[:, o:o + a], "reward": m[:, o + a],

@@ -21,14 +21,14 @@ import zmq
 import zmq.asyncio
 
 from common.algorithms import ActorPart, CriticPart, make_parts
-from common.codec import Encoder
+from proto.codec import Encoder
 from common.config import Config, load_config, to_dict
 from common.envs import env_spec
 from common.errors import TransportTimeout
 from common.service import Service
 from common.transport import Channel, ipc_endpoint, make_ipc_dir
 from proto.messages import Experience, Message, Metrics, Register, TransitionLayout, Welcome
-from services.supervisor.main import ENDPOINT_NAMES
+from proto.names import SOCKETS as ENDPOINT_NAMES
 
 S = TypeVar("S", bound=Service)
 T = TypeVar("T")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bench.system import BenchFailed, rate
-from common.cli import main as cli
+from cli.main import main as cli
 
 
 def test_rate_excludes_start_up_and_the_shutdown() -> None:
@@ -89,7 +89,7 @@ def test_bench_e2e_smoke(tmp_path: Path) -> None:
 def test_transport_seconds_count_codec_and_socket_calls() -> None:
     import zmq.asyncio
 
-    from common.codec import Encoder
+    from proto.codec import Encoder
     from common.transport import Channel, transport_seconds
     from proto.messages import Heartbeat
 
@@ -125,8 +125,8 @@ def test_tuner_bench_frame_rate_weights_each_interval_by_its_batch() -> None:
 @pytest.mark.timeout(120)
 def test_bench_snapshot_smoke(tmp_path: Path) -> None:
     out = tmp_path / "snapshot.json"
-    assert cli(["bench", "snapshot", "--capacity", "20000", "--new", "3000", "--plain-turns", "20", "--insert", "1", "--dir", str(tmp_path),
-                "--json", str(out)]) == 0
+    assert cli(["bench", "snapshot", "--capacity", "20000", "--new", "3000", "--plain-turns", "20", "--insert", "1",
+                "--dir", str(tmp_path), "--json", str(out)]) == 0
     got = json.loads(out.read_text())
     assert got["full"]["rows_written"] == 20_000 and got["full"]["bytes"] > 20_000 * got["row_bytes"]
     assert 3000 <= got["increment"]["rows_written"] < 20_000  # only the rows added since

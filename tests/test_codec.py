@@ -1,4 +1,4 @@
-"""Tests for common/codec.py: header fields, zero-copy encode and decode, limits, errors."""
+"""Tests for proto/codec.py: header fields, zero-copy encode and decode, limits, errors."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import zmq
 
-from common.codec import (
+from proto.codec import (
     DEFAULT_LIMITS, PROTOCOL_VERSION, WIRE_DTYPES, Encoder, Limits, decode, new_session_id,
 )
-from common.errors import ArrayError, FramingError, HeaderError, LimitError, VersionError
+from proto.errors import ArrayError, FramingError, HeaderError, LimitError, VersionError
 
 pytestmark = pytest.mark.timeout(20)
 

@@ -17,10 +17,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from common.codec import DEFAULT_LIMITS, PROTOCOL_VERSION, WIRE_DTYPES, Encoder, Limits, decode
-from common.errors import (
-    ArrayError, FramingError, HeaderError, LimitError, ProtocolError, VersionError,
-)
+from proto.codec import DEFAULT_LIMITS, PROTOCOL_VERSION, WIRE_DTYPES, Encoder, Limits, decode
+from proto.errors import ArrayError, FramingError, HeaderError, LimitError, ProtocolError, VersionError
 from proto.messages import MESSAGE_TYPES, Message, from_envelope, to_frames
 from tests.test_messages import SAMPLES
 

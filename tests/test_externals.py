@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import zmq.asyncio
 
-from common.codec import Encoder
+from proto.codec import Encoder
 from common.errors import ConfigError
 from common.health import ask, probe, serve_health
 from common.service import reachable

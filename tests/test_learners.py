@@ -75,7 +75,7 @@ def test_fused_learner_updates_publishes_and_caches_weights(tmp_path: Path) -> N
             r = await replay_with(h)
             lrn = h.build(Learner)
             task = h.start(lrn.serve())
-            updates = await settle(lambda: getattr(lrn, "updates", 0), 9)
+            updates = await settle(lambda: lrn.updates, 9)
             assert updates == 9 and r.limiter.samples == 9 * 32
             newest = (await collect(early, {"actor"}, accept=lambda m: m.version == 4))["actor"]
             assert (newest.version, newest.updates) == (4, 8)  # 9 critic updates, policy delay 2
@@ -136,7 +136,7 @@ def test_actor_learner_waits_for_critic_updates(tmp_path: Path) -> None:
             r = await replay_with(h)
             al = h.build(ActorLearner)
             task = h.start(al.serve())
-            await until(lambda: hasattr(al, "actor"), what="actor built")
+            await until(lambda: al.ready, what="actor ready")
             assert await steady(lambda: al.actor.updates) == 0 and r.limiter.samples == 0
             critic.publish(critic_weights(h, updates=2))  # allows actor update 1 (policy delay 2)
             assert await settle(lambda: al.actor.updates, 1) == 1 and al.critic_updates == 2
@@ -160,7 +160,7 @@ def test_critic_learner_stops_at_max_lag(tmp_path: Path) -> None:
             await replay_with(h)
             cl = h.build(CriticLearner)
             task = h.start(cl.serve())
-            await until(lambda: hasattr(cl, "critic"), what="critic built")
+            await until(lambda: cl.ready, what="critic ready")
             assert await settle(lambda: cl.critic.updates, 5) == 5  # 5 - 0 > max_lag
             first, second = actor_pair(h, updates=8)
             actor.publish(first)  # TD3 needs the target too: the actor alone must not count
@@ -182,7 +182,7 @@ def test_split_pair_keeps_going(tmp_path: Path, max_lag: int) -> None:
             cl, al = h.build(CriticLearner), h.build(ActorLearner)
             h.start(cl.serve())
             h.start(al.serve())
-            await until(lambda: hasattr(al, "actor") and al.actor.updates >= 12, timeout=6,
+            await until(lambda: al.ready and al.actor.updates >= 12, timeout=6,
                         what="actor updates")
             assert cl.critic.updates >= 24
             assert cl.critic.updates - cl.actor_seen <= max_lag + 1
@@ -223,13 +223,13 @@ def test_a_restarted_critic_learner_continues_from_its_checkpoint(tmp_path: Path
             await replay_with(h)
             cl = h.build(CriticLearner)
             task = h.start(cl.serve())
-            assert await settle(lambda: cl.critic.updates if hasattr(cl, "critic") else 0, 5) == 5
+            assert await settle(lambda: cl.critic.updates, 5) == 5
             await h.stop(cl, task)
             await cl.close()  # what SIGTERM and shutdown do: a final checkpoint
             saved = cl.critic.save()
             again = h.build(CriticLearner, "critic_learner")
             h.start(again.serve())
-            await until(lambda: hasattr(again, "critic"), what="critic built")
+            await until(lambda: again.ready, what="critic restored")
             assert again.critic.updates == 5  # then it waits at max_lag for a newer actor
             for name, value in again.critic.save()["critic"].items():
                 torch.testing.assert_close(value, saved["critic"][name])

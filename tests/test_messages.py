@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import zmq
 
-from common.codec import Encoder, decode
-from common.errors import SchemaError, UnknownTypeError
+from proto.codec import Encoder, decode
+from proto.errors import SchemaError, UnknownTypeError
 from proto.messages import (
     MESSAGE_TYPES, Control, ControlReply, Error, EvalResult, Event, Experience, ExperienceAck, Heartbeat, Message,
     Metrics, Register, SampledBatch, SampleRequest, TransitionLayout, Weights, Welcome,

@@ -258,7 +258,7 @@ def final_snapshot_rows(run_dir: Path) -> np.ndarray:
     d = run_dir / "replay"
     meta = _read_meta(d, max(complete_snapshots(d)))
     parts = []
-    for first, end, name in meta["segments"]:
+    for first, _end, name in meta["segments"]:
         with open(d / name, "rb") as f:
             parts.append(np.load(f)[max(0, meta["rows"] - meta["size"] - first):])
     return np.concatenate(parts)
@@ -268,7 +268,7 @@ def final_snapshot_rows(run_dir: Path) -> np.ndarray:
 def test_replay_sigkilled_mid_training_restores_and_nothing_is_lost_or_duplicated(tmp_path: Path) -> None:
     from tests.test_integration import FAST, env_steps, records, registered_pid, wait_for
     run_dir = tmp_path / "kill-replay"
-    cmd = [sys.executable, "-m", "common.cli", "train", "--run-dir", str(run_dir), *FAST, "--total-steps", "5000",
+    cmd = [sys.executable, "-m", "cli", "train", "--run-dir", str(run_dir), *FAST, "--total-steps", "5000",
            "supervisor.backoff=0.5", "replay.snapshot_every_s=1", "sampler.ack_timeout=3"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -316,7 +316,7 @@ def test_sigterm_a_whole_run_then_resume_continues_where_it_stopped(tmp_path: Pa
 
     from tests.test_integration import FAST, LEARNED, env_steps, records, wait_for
     run_dir = tmp_path / "resume"
-    cmd = [sys.executable, "-m", "common.cli", "train", "--run-dir", str(run_dir), *FAST, "--total-steps", "100000",
+    cmd = [sys.executable, "-m", "cli", "train", "--run-dir", str(run_dir), *FAST, "--total-steps", "100000",
            "replay.snapshot_every_s=5"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -332,14 +332,14 @@ def test_sigterm_a_whole_run_then_resume_continues_where_it_stopped(tmp_path: Pa
     assert stopped_updates > 0
     before = evals_by_session(run_dir)[0]
 
-    refused = subprocess.run([sys.executable, "-m", "common.cli", "train", "--resume", str(run_dir),
+    refused = subprocess.run([sys.executable, "-m", "cli", "train", "--resume", str(run_dir),
                               "learner.batch_size=64"], capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2 and "learner.batch_size" in refused.stderr, refused.stderr
-    again = subprocess.run([sys.executable, "-m", "common.cli", "train", "--run-dir", str(run_dir)],
+    again = subprocess.run([sys.executable, "-m", "cli", "train", "--run-dir", str(run_dir)],
                            capture_output=True, text=True, timeout=60)
     assert again.returncode == 2 and "--resume" in again.stderr, again.stderr
 
-    resumed = subprocess.run([sys.executable, "-m", "common.cli", "train", "--resume", str(run_dir),
+    resumed = subprocess.run([sys.executable, "-m", "cli", "train", "--resume", str(run_dir),
                               "--total-steps", str(stopped_steps + 3000)], capture_output=True, text=True,
                              timeout=400)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
@@ -417,8 +417,9 @@ def test_a_snapshot_without_new_rows_still_completes(tmp_path: Path) -> None:
 def test_resume_accepts_budget_keys_only(tmp_path: Path) -> None:
     import yaml
 
-    from common.cli import main as cli
-    from common.cli import parser, train_config
+    from cli.main import main as cli
+    from cli.main import parser
+    from cli.train import train_config
     from common.config import to_dict
     from common.errors import ConfigError
     run_dir = tmp_path / "run"

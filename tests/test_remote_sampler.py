@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 import zmq
 
-from common.codec import Encoder
-from common.curve import client_keys, make_keys
+from proto.codec import Encoder
+from common.curve_auth import client_keys, make_keys
 from proto.messages import Experience, to_frames
 from tests.test_integration import FAST, pid_alive, records, wait_for
 
@@ -52,7 +52,7 @@ def free_port_base() -> int:
 
 
 def cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "common.cli", *args]
+    return [sys.executable, "-m", "cli", *args]
 
 
 def roster(run: Path) -> dict[str, dict]:

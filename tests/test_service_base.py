@@ -11,7 +11,7 @@ import zmq
 import zmq.asyncio
 
 from common import service as service_mod
-from common.codec import Encoder
+from proto.codec import Encoder
 from common.errors import ConfigError, PeerError, TransportTimeout
 from common.service import ENV_CONTROL, ENV_SERVICE_ID, Service, _main, _register
 from proto.messages import Control, ControlReply, Heartbeat, Register, Welcome

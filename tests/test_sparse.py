@@ -14,8 +14,9 @@ from torch import nn
 
 from common.algorithms import SACConfig, TD3Config, fused_step, make_parts
 from common.algorithms.base import ActorPart, CriticPart
-from common.cli import parser, train_config
-from common.codec import Encoder, decode
+from cli.main import parser
+from cli.train import train_config
+from proto.codec import Encoder, decode
 from common.config import load_config
 from common.errors import ConfigError
 from common.numpy_policy import NumpyActor
@@ -472,7 +473,7 @@ def test_split_learners_send_sparse_weights(tmp_path: Path) -> None:
             cl, al = h.build(CriticLearner), h.build(ActorLearner)
             h.start(cl.serve())
             h.start(al.serve())
-            await helpers.until(lambda: hasattr(al, "actor") and al.actor.updates >= 6, timeout=8,
+            await helpers.until(lambda: al.ready and al.actor.updates >= 6, timeout=8,
                                 what="actor updates")
             assert al.actor.sparse.adaptations >= 1 and cl.critic.sparse.adaptations >= 1
             assert "sparsity/critic" in cl.losses  # update 0's metrics, published by tick()

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import zmq.asyncio
 
-from common.codec import Encoder
+from proto.codec import Encoder
 from common.config import Config
 from common.transport import Channel
 from proto.messages import EvalResult, Event, Metrics

@@ -24,7 +24,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from common.codec import PROTOCOL_VERSION, Encoder, decode
+from proto.codec import PROTOCOL_VERSION, Encoder, decode
 from common.errors import ConfigError, TransportTimeout
 from common.transport import IPC_PATH_MAX, ROLES, Channel, check_endpoint, ipc_endpoint, make_ipc_dir
 from proto.messages import (

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from services.supervisor.tuner import INVERSE, Bounds, Decision, Setting, Snapshot, Tuner
-from services.supervisor.tuning import Sample, snapshot
+from services.supervisor.tuner import INVERSE, Bounds, Decision, Setting, Window, Tuner
+from services.supervisor.tuning import Sample, window_between
 from tests.tuner_model import ENV_STEP, best, measure, rates
 
 WINDOW = 14.0  # seconds per measurement window (settle + window of the defaults)
@@ -92,10 +92,10 @@ def test_pinned_knobs_never_move() -> None:
 
 def test_a_change_that_breaks_the_ratio_is_undone() -> None:
     tuner = start(2)
-    base = Snapshot(frame_rate=10_000, sampling_hz=150, update_to_data=1.0, insert_stall=0.8, sample_stall=0.0)
+    base = Window(frame_rate=10_000, sampling_hz=150, update_to_data=1.0, insert_stall=0.8, sample_stall=0.0)
     (tried,) = tuner.observe(base, 0.0)
     assert tried.action == "try" and tried.move == "batch+" and tried.setting.batch == 128
-    faster_but_off = Snapshot(frame_rate=20_000, sampling_hz=50, update_to_data=1.6, insert_stall=0.8,
+    faster_but_off = Window(frame_rate=20_000, sampling_hz=50, update_to_data=1.6, insert_stall=0.8,
                               sample_stall=0.0)
     (verdict,) = tuner.observe(faster_but_off, WINDOW)
     assert verdict.action == "revert" and verdict.setting.batch == 64 and "update-to-data 1.60" in verdict.reason
@@ -103,7 +103,7 @@ def test_a_change_that_breaks_the_ratio_is_undone() -> None:
 
 def test_a_load_change_during_a_trial_is_seen_on_the_second_look() -> None:
     tuner = start(2)
-    quiet = Snapshot(frame_rate=10_000, sampling_hz=150, update_to_data=1.0, insert_stall=0.8, sample_stall=0.0)
+    quiet = Window(frame_rate=10_000, sampling_hz=150, update_to_data=1.0, insert_stall=0.8, sample_stall=0.0)
     tuner.observe(quiet, 0.0)  # tries batch+
     loaded = dataclasses.replace(quiet, frame_rate=9_000)  # the move helped, but others took half the host
     (revert,) = tuner.observe(loaded, WINDOW)
@@ -122,14 +122,14 @@ def test_drift_restarts_the_search_only_when_it_persists() -> None:
     tuner = start(2, setting=Setting(1, 1, 1024))
     snap = measure(tuner.setting, 2, random.Random(0), noise=0.0)
     assert [d.action for d in tuner.observe(snap, 0.0)] == ["settled"]
-    slow = Snapshot(frame_rate=snap.frame_rate * 0.5, sampling_hz=snap.sampling_hz * 0.5, update_to_data=1.0,
+    slow = Window(frame_rate=snap.frame_rate * 0.5, sampling_hz=snap.sampling_hz * 0.5, update_to_data=1.0,
                     insert_stall=0.9, sample_stall=0.0)
     assert tuner.observe(slow, WINDOW) == []  # one slow window may be noise
     assert [d.action for d in tuner.observe(slow, 2 * WINDOW)][:1] == ["restart"]
 
 
 def test_score_corrects_for_other_programs_load() -> None:
-    quiet = Snapshot(1000.0, 100, 1.0, 0.9, 0.0, idle_cores=0.5, cpu={"learner": 1.0, "replay": 0.5}, host_cores=2)
+    quiet = Window(1000.0, 100, 1.0, 0.9, 0.0, idle_cores=0.5, cpu={"learner": 1.0, "replay": 0.5}, host_cores=2)
     assert quiet.score == 1000.0  # ours + idle = every core: nothing to correct
     busy = dataclasses.replace(quiet, frame_rate=600.0, idle_cores=0.0, cpu={"learner": 0.6, "replay": 0.4})
     assert busy.score == pytest.approx(1200.0)  # half the host went to others
@@ -140,7 +140,7 @@ def test_score_corrects_for_other_programs_load() -> None:
 
 def test_nothing_before_the_learners_update() -> None:
     tuner = start(2)
-    idle = Snapshot(frame_rate=0.0, sampling_hz=500, update_to_data=0.0, insert_stall=0.0, sample_stall=0.0)
+    idle = Window(frame_rate=0.0, sampling_hz=500, update_to_data=0.0, insert_stall=0.0, sample_stall=0.0)
     assert tuner.observe(idle, 0.0) == [] and tuner.baseline is None
 
 
@@ -160,12 +160,12 @@ def trace_samples(path: Path) -> list[Sample]:
     return out
 
 
-def recorded_windows(seconds: float) -> list[Snapshot]:
+def recorded_windows(seconds: float) -> list[Window]:
     samples = trace_samples(TRACE)
     windows, first = [], samples[0]
     for s in samples[1:]:
         if s.wall - first.wall >= seconds:
-            snap = snapshot(first, s, batch=256)
+            snap = window_between(first, s, batch=256)
             assert snap is not None
             windows.append(snap)
             first = s

@@ -30,8 +30,7 @@ OVERRIDES = ["supervisor.tune=false", "supervisor.heartbeat_interval=1.0", "supe
 
 
 def newest(sup: Supervisor, service: str, key: str) -> Any:
-    progress = getattr(sup, "progress", None)  # made by run()
-    return progress.latest.get(service, {}).get(key) if progress else None
+    return sup.progress.latest.get(service, {}).get(key)
 
 
 async def until(probe_fn: Any, what: str, timeout: float = 90.0) -> Any:
@@ -52,7 +51,7 @@ def test_running_training_takes_tuning_actions(tmp_path: Path, monkeypatch: pyte
     cfg = config(run_dir, *OVERRIDES)
     choices = plan(probe(), cfg, given_keys(None, OVERRIDES), 4 * 11)
     sup = Supervisor(cfg, quiet=True, pinned=given_keys(None, OVERRIDES), plan=choices)
-    assert sup.tuning is not None
+    assert sup.tuning is None and sup.plan  # tuning off: the plan is published, the actuators driven here
     seen: dict[str, Any] = {}
 
     async def body() -> int:
@@ -77,10 +76,9 @@ def test_running_training_takes_tuning_actions(tmp_path: Path, monkeypatch: pyte
 
 
 async def drive(sup: Supervisor, seen: dict[str, Any]) -> None:
-    assert sup.tuning is not None
     await until(lambda: (newest(sup, "learner", "updates") or 0) > 5, "learner updates")
     inserted = newest(sup, "replay", "inserted")
-    await sup.tuning.change(Setting(samplers=2, envs=3, batch=64))
+    await sup.apply(Setting(samplers=2, envs=3, batch=64))
     assert sup.cfg.sampler.num_samplers == 2 and sup.cfg.learner.batch_size == 64
     child = sup.children["sampler-1"]
     await until(lambda: child.registered, "sampler-1 registration")
@@ -90,7 +88,7 @@ async def drive(sup: Supervisor, seen: dict[str, Any]) -> None:
                 "3 envs in every sampler")
     steps_1 = newest(sup, "sampler-1", "env_steps")
     await until(lambda: newest(sup, "replay", "inserted") > inserted + steps_1, "sampler-1's steps in replay")
-    await sup.tuning.change(Setting(samplers=1, envs=3, batch=64))
+    await sup.apply(Setting(samplers=1, envs=3, batch=64))
     assert "sampler-1" not in sup.children
     await until(lambda: child.proc is not None and child.proc.poll() is not None, "sampler-1 exit", 30)
     seen["retired_rc"] = child.proc.returncode  # type: ignore[union-attr]
@@ -122,7 +120,7 @@ def test_spreeze_train_tunes_and_publishes_each_decision(tmp_path: Path) -> None
     import sys
 
     run = tmp_path / "tuned"
-    cmd = [sys.executable, "-m", "common.cli", "train", "--run-dir", str(run), "--env", "Pendulum-v1",
+    cmd = [sys.executable, "-m", "cli", "train", "--run-dir", str(run), "--env", "Pendulum-v1",
            "--time-limit", "45", "replay.min_size=500", "sampler.warmup_steps=500", "eval.every_updates=100000",
            "supervisor.tune=true", "supervisor.tune_window=3", "supervisor.tune_settle=1",
            "supervisor.progress_every=60", "learner.threads=1"]

@@ -112,7 +112,8 @@ def test_a_stopped_recording_leaves_no_file_and_no_complaint(tmp_path: Path, off
         rec = EpisodeRecorder("HalfCheetah-v5", str(tmp_path), every=1, seed=0)  # 1000 steps: long enough
         cfg = config(tmp_path, "env=HalfCheetah-v5")
         a, _ = parts(cfg)
-        film = rec.start(NumpyActor(a.actor_state(), cfg.algo, -np.ones(6, np.float32), np.ones(6, np.float32)), "x.mp4")
+        actor = NumpyActor(a.actor_state(), cfg.algo, -np.ones(6, np.float32), np.ones(6, np.float32))
+        film = rec.start(actor, "x.mp4")
         assert rec.busy and not rec.due(1)  # one video at a time
         await asyncio.sleep(0.5)
         rec.stop()

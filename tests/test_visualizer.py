@@ -165,7 +165,8 @@ def test_history_in_metrics_jsonl_is_shown_after_a_restart(tmp_path: Path) -> No
     start = time.time() - 100
     rows = [{"kind": "start", "wall_time": 0.0, "unix_time": start},
             {"kind": "eval", "wall_time": 50.0, "env_steps": 3000, "return_mean": -500.0, "return_std": 9.0},
-            {"kind": "event", "wall_time": 60.0, "event": "restart", "reason": "sampler-0 exited", "service": "sampler-0"}]
+            {"kind": "event", "wall_time": 60.0, "event": "restart", "reason": "sampler-0 exited",
+             "service": "sampler-0"}]
     (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + '\n{"kind": "metr')
 
     async def body() -> None:

@@ -10,7 +10,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from common.codec import Encoder, decode
+from proto.codec import Encoder, decode
 from common.errors import TransportTimeout
 from common.transport import Channel
 from common.weights import WeightsFollower, WeightsPublisher, dense_message, sparse_message, to_state

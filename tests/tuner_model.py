@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import random
 
-from services.supervisor.tuner import Setting, Snapshot
+from services.supervisor.tuner import Setting, Window
 
 ENV_FIXED = 2.0e-4  # seconds per sampler step for the whole env batch (actor call, push share)
 ENV_STEP = 1.2e-4  # seconds per env per step (MuJoCo step, row writes)
@@ -44,11 +44,11 @@ def rates(s: Setting, cores: float, utd: float = 1.0, env_step: float = ENV_STEP
 
 
 def measure(s: Setting, cores: float, rng: random.Random, noise: float = 0.03, utd: float = 1.0,
-            env_step: float = ENV_STEP) -> Snapshot:
+            env_step: float = ENV_STEP) -> Window:
     """One noisy measurement window of setting `s`."""
     frame, hz, ins, smp, idle = rates(s, cores, utd, env_step)
     jitter = 1 + rng.gauss(0, noise)
-    return Snapshot(frame_rate=frame * jitter, sampling_hz=hz * jitter, update_to_data=utd * (1 + rng.gauss(0, 0.02)),
+    return Window(frame_rate=frame * jitter, sampling_hz=hz * jitter, update_to_data=utd * (1 + rng.gauss(0, 0.02)),
                     insert_stall=ins, sample_stall=smp, idle_cores=idle)
 
 

@@ -13,12 +13,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from common.algorithms.base import (critic_step, load_critics, save_critics, Batch, State, adam, check, check_hidden,
                                     load_module_state, load_sparse, module_snapshot, module_state,
                                     optimizer_state, params, save_sparse, scalars,
                                     sparse_step, with_sparse)
+from common.algorithms.base import frozen_copy, make_generator, seeded
+from common.algorithms.build import ACTOR_INIT, ACTOR_RNG, CRITIC_RNG, Sparsifier, critics, sub_seed
+from common.algorithms.descriptor import Algorithm, NumpyLayout
 from common.networks import GaussianActor, TwinCritic
 from common.sparse import SparseTopology
 
@@ -189,3 +193,32 @@ class SACCriticPart:
             self.actor.load_state_dict(d["actor"])
             with torch.no_grad():
                 self.log_alpha.copy_(d["log_alpha"])
+
+
+def build(obs_dim: int, act_dim: int, low: np.ndarray, high: np.ndarray, cfg: SACConfig,
+          device: torch.device, shared: bool, seed: int,
+          sp: Sparsifier) -> tuple[SACActorPart, SACCriticPart]:
+    """SAC's parts (see common.algorithms.make_parts)."""
+    actor = seeded(sub_seed(seed, ACTOR_INIT), lambda: GaussianActor(
+        obs_dim, act_dim, cfg.hidden, low, high, cfg.log_std_min, cfg.log_std_max)).to(device)
+    actor_topology = sp.mask(actor, "actor")
+    critic, critic_target, critic_topology = critics(obs_dim, act_dim, cfg, device, seed, sp)
+    log_alpha = torch.tensor(float(np.log(cfg.init_alpha)), dtype=torch.float32, device=device)
+    log_alpha = torch.nn.Parameter(log_alpha, requires_grad=cfg.autotune)
+    target_entropy = -float(act_dim) if cfg.target_entropy is None else cfg.target_entropy
+    actor_part = SACActorPart(actor, critic if shared else frozen_copy(critic), log_alpha, cfg,
+                              shared, make_generator(device, sub_seed(seed, ACTOR_RNG)),
+                              target_entropy, sparse=actor_topology)
+    critic_part = SACCriticPart(critic, critic_target,
+                                actor if shared else frozen_copy(actor),
+                                log_alpha if shared else log_alpha.detach().clone(), cfg,
+                                shared, make_generator(device, sub_seed(seed, CRITIC_RNG)),
+                                sparse=critic_topology)
+    return actor_part, critic_part
+
+
+SAC = Algorithm(name="sac", config=SACConfig, build=build,
+                policy_delay=lambda cfg: 1,
+                exploration_noise=lambda cfg: 0.0,  # explores by sampling its own Gaussian
+                actor_nets=("actor",),  # TD targets use the online actor (and the temperature in extras)
+                numpy_actor=NumpyLayout(trunk="trunk", head="head", stochastic=True))

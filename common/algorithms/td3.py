@@ -13,12 +13,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from common.algorithms.base import (critic_step, load_critics, save_critics, Batch, State, adam, check, check_hidden,
                                     load_module_state, load_sparse, module_snapshot, module_state,
                                     optimizer_state, params, polyak, save_sparse, scalars,
                                     sparse_prune, sparse_step, with_sparse)
+from common.algorithms.base import frozen_copy, make_generator, seeded
+from common.algorithms.build import ACTOR_INIT, CRITIC_RNG, Sparsifier, critics, sub_seed, track
+from common.algorithms.descriptor import Algorithm, NumpyLayout
 from common.networks import DeterministicActor, TwinCritic
 from common.sparse import SparseTopology
 
@@ -177,3 +181,29 @@ class TD3CriticPart:
         load_critics(self, d)
         if not self.shared:
             self.actor_target.load_state_dict(d["actor_target"])
+
+
+def build(obs_dim: int, act_dim: int, low: np.ndarray, high: np.ndarray, cfg: TD3Config,
+          device: torch.device, shared: bool, seed: int,
+          sp: Sparsifier) -> tuple[TD3ActorPart, TD3CriticPart]:
+    """TD3's parts (see common.algorithms.make_parts)."""
+    actor = seeded(sub_seed(seed, ACTOR_INIT),
+                   lambda: DeterministicActor(obs_dim, act_dim, cfg.hidden, low, high)).to(device)
+    actor_topology = sp.mask(actor, "actor", unit=cfg.policy_delay)
+    actor_target = frozen_copy(actor)
+    track(actor_topology, actor_target)
+    critic, critic_target, critic_topology = critics(obs_dim, act_dim, cfg, device, seed, sp)
+    actor_part = TD3ActorPart(actor, actor_target, critic if shared else frozen_copy(critic),
+                              cfg, shared, sparse=actor_topology)
+    critic_part = TD3CriticPart(critic, critic_target,
+                                actor_target if shared else frozen_copy(actor_target), cfg,
+                                shared, make_generator(device, sub_seed(seed, CRITIC_RNG)),
+                                sparse=critic_topology)
+    return actor_part, critic_part
+
+
+TD3 = Algorithm(name="td3", config=TD3Config, build=build,
+                policy_delay=lambda cfg: cfg.policy_delay,
+                exploration_noise=lambda cfg: cfg.exploration_noise,
+                actor_nets=("actor", "actor_target"),  # TD targets use the target actor
+                numpy_actor=NumpyLayout(trunk="net", head=None, stochastic=False))

@@ -14,7 +14,7 @@ from typing import Any
 import zmq
 
 from common.config import to_dict
-from common.weights import WeightsFollower, to_state
+from common.weights import WeightsFollower, WeightsPublisher, to_state
 from services.learner.base import LOSS_EVERY, LearnerBase
 
 WAIT_MS = 20  # poll granularity while waiting for critic weights
@@ -23,17 +23,21 @@ WAIT_MS = 20  # poll granularity while waiting for critic weights
 class ActorLearner(LearnerBase):
     ROLE = "actor_learner"
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.actor, _ = self.parts(shared=False)
+        self.critic_updates = 0  # critic updates of the newest critic copy
+
     def counters(self) -> dict[str, Any]:
-        return {"updates": self.actor.updates if hasattr(self, "actor") else 0}
+        return {"updates": self.actor.updates}
 
     async def serve(self) -> None:
         lc = self.cfg.learner
-        self.actor, _ = self.setup(lc.actor_device, shared=False)
         if (saved := self.restored()) is not None:
             self.actor.load(saved["actor"])
+        self.ready = True
         to_samplers, to_critic = self.publisher("actor_weights"), self.publisher("actor_sync")
         critics = WeightsFollower(self.channel("weights", binding=False, name="critic_sync"))
-        self.critic_updates = 0
         self.send_sync(to_critic)
         self.publish_actor(to_samplers, self.actor)
         last_publish = time.monotonic()
@@ -61,12 +65,12 @@ class ActorLearner(LearnerBase):
             self.tick(self.actor.updates, {"critic_lag": lag, "critic_updates_seen": self.critic_updates})
         self.publish_actor(to_samplers, self.actor)
 
-    def send_sync(self, pub: Any) -> None:
-        self.publish_actor(pub, self.actor, "actor")
-        if self.actor.target_actor_state() is not None:
-            self.publish_actor(pub, self.actor, "actor_target")
+    def send_sync(self, pub: WeightsPublisher) -> None:
+        """The actor networks the critic part needs (TD3: the actor and its target)."""
+        for net in self.cfg.algorithm.actor_nets:
+            self.publish_actor(pub, self.actor, net)
 
     def state(self) -> dict[str, Any]:
         return {"actor": self.actor.save(), "updates": self.actor.updates,
-                "versions": {"actor": self.actor.updates, "critic_seen": getattr(self, "critic_updates", 0)},
+                "versions": {"actor": self.actor.updates, "critic_seen": self.critic_updates},
                 "env_steps": self.batches.inserted, "config": to_dict(self.cfg)}

@@ -22,16 +22,23 @@ WAIT_MS = 20  # poll granularity while waiting for actor weights
 class CriticLearner(LearnerBase):
     ROLE = "critic_learner"
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _, self.critic = self.parts(shared=False)
+        self.actor_seen = 0  # critic-update count at which the newest actor copy was made
+
+    def device_name(self) -> str:
+        return self.cfg.learner.critic_device
+
     def counters(self) -> dict[str, Any]:
-        return {"updates": self.critic.updates if hasattr(self, "critic") else 0}
+        return {"updates": self.critic.updates}
 
     async def serve(self) -> None:
         lc = self.cfg.learner
-        _, self.critic = self.setup(lc.critic_device, shared=False)
-        self.actor_seen = 0  # critic-update count at which the newest actor copy was made
         if (saved := self.restored()) is not None:
             self.critic.load(saved["critic"])  # with its (target) actor copy
             self.actor_seen = int(saved.get("versions", {}).get("actor_seen", 0))
+        self.ready = True
         to_actor = self.publisher("critic_sync")
         actors = WeightsFollower(self.channel("weights", binding=False, name="actor_sync"))
         latest: dict[str, Weights] = {}
@@ -57,9 +64,9 @@ class CriticLearner(LearnerBase):
             self.tick(self.critic.updates, {"policy_lag": lag})
 
     def take_actor(self, latest: dict[str, Weights]) -> None:
-        actor, target = latest.get("actor"), latest.get("actor_target")
-        if actor is None or (target is None and self.cfg.algo == "td3"):
-            return  # TD3's pair arrives as two messages: wait for both (load_actor refuses a None target)
+        if any(net not in latest for net in self.cfg.algorithm.actor_nets):
+            return  # a pair (TD3: actor and target actor) arrives as two messages: wait for both
+        actor, target = latest["actor"], latest.get("actor_target")
         self.critic.load_actor(to_state(actor), to_state(target) if target else None, actor.extras)
         self.actor_seen = actor.updates
 

@@ -31,10 +31,11 @@ from common.service import Service
 from common.video import EpisodeRecorder
 from common.weights import WeightsFollower, to_state
 from proto.messages import EvalResult, Event, Weights
+from proto.names import LEARNER_ROLES
 
 log = logging.getLogger(__name__)
 
-LEARNER_FILES = ("learner.pt", "actor_learner.pt", "critic_learner.pt")
+LEARNER_FILES = tuple(f"{role}.pt" for role in LEARNER_ROLES)  # their checkpoints, kept with the best actor
 POLL_S = 0.1  # seconds between checks for new weights
 
 

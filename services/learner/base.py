@@ -9,7 +9,6 @@ crash the supervisor's restart continues from there, and so does `spreeze train 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ import torch
 import torch._dynamo  # noqa: F401
 
 from common.algorithms import ActorPart, CriticPart, make_parts
+from common.config import with_batch_size
 from common.errors import ConfigError
 from common.envs import env_spec
 from common.learner_io import BatchStream, atomic_save, checkpoint_dir, device_of
@@ -35,23 +35,32 @@ LOSS_EVERY = 50  # updates between loss read-outs (each forces a device sync)
 
 
 class LearnerBase(Service):
-    """Subclasses call `setup(device, shared)` and run their own update loop."""
+    """Subclasses build their parts in `__init__` with `parts(shared)`, restore their
+    checkpoint at the start of `serve()`, set `ready`, and run their own update loop."""
 
-    def setup(self, device_name: str, shared: bool) -> tuple[ActorPart, CriticPart]:
-        torch.set_num_threads(self.cfg.learner.threads)
-        self.device = device_of(device_name)
-        self.layout, low, high = env_spec(self.cfg.env)
-        actor, critic = make_parts(self.cfg.algo, self.layout.obs_dim, self.layout.act_dim, low, high,
-                                   self.cfg.algo_config, self.device, shared, self.cfg.seed,
-                                   sparse=self.cfg.sparse, total_updates=self.cfg.total_updates)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         lc = self.cfg.learner
+        torch.set_num_threads(lc.threads)
+        self.layout, self.action_low, self.action_high = env_spec(self.cfg.env)
+        self.device = device_of(self.device_name())
         self.batches = BatchStream(self.channel("sample", binding=False), self.layout, lc.batch_size,
                                    lc.prefetch, self.device, lc.batches_per_request)
         self.last_metrics = self.last_checkpoint = time.monotonic()
         self.metrics_updates = 0
         self.losses: dict[str, float] = {}
         self.tasks: list[asyncio.Task[Any]] = []
-        return actor, critic
+        self.ready = False  # restored from the run's checkpoint (if any): only then may close() checkpoint
+
+    def device_name(self) -> str:
+        """This learner's torch device (the fused learner and the actor-learner: the actor's)."""
+        return self.cfg.learner.actor_device
+
+    def parts(self, shared: bool) -> tuple[ActorPart, CriticPart]:
+        """Freshly built actor and critic parts on this learner's device."""
+        return make_parts(self.cfg.algo, self.layout.obs_dim, self.layout.act_dim, self.action_low,
+                          self.action_high, self.cfg.algo_config, self.device, shared, self.cfg.seed,
+                          sparse=self.cfg.sparse, total_updates=self.cfg.total_updates)
 
     def publisher(self, endpoint_name: str) -> WeightsPublisher:
         pub = WeightsPublisher(self.channel("weights", binding=True, name=endpoint_name))
@@ -72,14 +81,10 @@ class LearnerBase(Service):
 
     def set_param(self, key: str, value: Any) -> None:
         """`batch_size`: requests sent from now on ask for this many transitions."""
-        if key != "batch_size" or type(value) is not int or value <= 0:
-            raise ConfigError(f"{self.ROLE}: cannot set {key}={value!r} (settable: batch_size > 0)")
-        if value > self.cfg.replay.capacity:
-            raise ConfigError(f"{self.ROLE}: batch_size={value} exceeds replay.capacity={self.cfg.replay.capacity}")
-        if not hasattr(self, "batches"):
-            raise ConfigError(f"{self.ROLE}: not ready for batch_size={value} yet (still setting up)")
+        if key != "batch_size":
+            raise ConfigError(f"{self.ROLE}: cannot set {key}={value!r} (settable: batch_size)")
+        self.cfg = with_batch_size(self.cfg, value, self.ROLE)
         self.batches.batch_size = value
-        self.cfg = dataclasses.replace(self.cfg, learner=dataclasses.replace(self.cfg.learner, batch_size=value))
 
     def tick(self, updates: int, extra: dict[str, Any]) -> None:
         """Metrics about once a second; learner checkpoints every checkpoint_every_s."""
@@ -120,5 +125,5 @@ class LearnerBase(Service):
     async def close(self) -> None:
         for task in self.tasks:
             task.cancel()
-        if hasattr(self, "batches"):
+        if self.ready:
             self.checkpoint()

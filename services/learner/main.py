@@ -17,17 +17,21 @@ from services.learner.base import LOSS_EVERY, LearnerBase
 class Learner(LearnerBase):
     ROLE = "learner"
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.actor, self.critic = self.parts(shared=True)
+        self.updates = 0
+
     def counters(self) -> dict[str, Any]:
-        return {"updates": getattr(self, "updates", 0)}
+        return {"updates": self.updates}
 
     async def serve(self) -> None:
-        self.actor, self.critic = self.setup(self.cfg.learner.actor_device, shared=True)
         pub = self.publisher("actor_weights")
-        self.updates = 0
         if (saved := self.restored()) is not None:
             self.actor.load(saved["actor"])
             self.critic.load(saved["critic"])
             self.updates = int(saved["updates"])
+        self.ready = True
         self.publish_actor(pub, self.actor)
         last_publish = time.monotonic()
         interval = self.cfg.learner.publish_interval

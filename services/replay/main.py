@@ -16,7 +16,6 @@ batches are durable, and may forget them.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from collections import deque
@@ -28,7 +27,7 @@ import zmq
 import zmq.asyncio
 
 from common.envs import env_spec
-from common.config import Config
+from common.config import Config, with_batch_size
 from common.errors import ConfigError
 from common.rate_limiter import RateLimiter, RateLimiterConfig
 from common.replay_buffer import ReplayBuffer, ReplayInputError
@@ -45,18 +44,11 @@ POLL_MS = 50  # poll timeout, so shutdown and metrics are never late by more tha
 DRAIN_MAX = 64  # messages taken per socket per wake-up
 
 
-def samples_per_update(cfg: Config) -> float:
-    """Batches sampled per critic update: the fused learner reuses one batch for both
-    parts; split learners sample separately, the TD3 actor once per policy_delay."""
-    if cfg.learner.mode == "fused":
-        return 1.0
-    return 1.0 + (1.0 / cfg.td3.policy_delay if cfg.algo == "td3" else 1.0)
-
-
 def limiter_config(cfg: Config) -> RateLimiterConfig:
     """Update-to-data ratio (critic updates per env step) -> sampled transitions per insert."""
     rc = cfg.replay
-    spi = rc.update_to_data * cfg.learner.batch_size * samples_per_update(cfg)
+    spi = rc.update_to_data * cfg.learner.batch_size * cfg.algorithm.samples_per_update(
+        cfg.algo_config, fused=cfg.learner.mode == "fused")
     # slack in sampled transitions: a fraction of the warm-up's worth of updates, and never
     # less than every learner's in-flight requests, so neither side can deadlock
     lc = cfg.learner
@@ -85,16 +77,16 @@ class Replay(Service):
         self.snap_stats = {"snapshots": 0, "snapshot_s": 0.0, "snapshot_copy_max_s": 0.0, "restored_rows": 0}
         self.exp: Channel | None = None
         self.ready = False  # restored (or found nothing to restore) and serving
+        self.last_snapshot = time.monotonic()
 
     def counters(self) -> dict[str, Any]:
         return {"size": self.buffer.size, "inserted": self.limiter.inserts}
 
     def set_param(self, key: str, value: Any) -> None:
         """`batch_size`: the learners' new batch size; the rate limiter's samples per insert follow."""
-        if key != "batch_size" or type(value) is not int or not 0 < value <= self.cfg.replay.capacity:
-            raise ConfigError(f"replay: cannot set {key}={value!r} "
-                              f"(settable: batch_size in 1..{self.cfg.replay.capacity})")
-        self.cfg = dataclasses.replace(self.cfg, learner=dataclasses.replace(self.cfg.learner, batch_size=value))
+        if key != "batch_size":
+            raise ConfigError(f"replay: cannot set {key}={value!r} (settable: batch_size)")
+        self.cfg = with_batch_size(self.cfg, value, self.ROLE)
         self.limiter.reconfigure(limiter_config(self.cfg))
 
 

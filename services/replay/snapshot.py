@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from common.errors import SpreezeError
+from proto.errors import SpreezeError
 from common.replay_buffer import ReplayBuffer
 
 log = logging.getLogger(__name__)

@@ -123,7 +123,7 @@ class Sampler(Service):
         state = to_state(msg)
         if self.actor is None:
             self.actor = NumpyActor(state, self.cfg.algo, self.envs.low, self.envs.high,
-                                    getattr(self.cfg.algo_config, "exploration_noise", 0.0))
+                                    self.cfg.algorithm.exploration_noise(self.cfg.algo_config))
         else:
             self.actor.load(state)
         self.actor_version = msg.version

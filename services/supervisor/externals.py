@@ -14,9 +14,9 @@ from typing import Any
 
 from common.errors import ConfigError
 from proto.messages import Heartbeat, Register
+from proto.names import ROLES, SAMPLER
 
-ROLES = ("sampler", "replay", "learner", "actor_learner", "critic_learner", "evaluator", "visualizer")
-REMOTE_ROLES = ("sampler",)  # the tcp endpoints (config.TCP_OFFSETS) serve samplers only
+REMOTE_ROLES = (SAMPLER,)  # the tcp endpoints (config.TCP_OFFSETS) serve samplers only
 LIVE = ("running", "paused", "stopping")  # stopping: flushing before its goodbye
 
 

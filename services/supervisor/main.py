@@ -13,6 +13,7 @@ over supervisor.listen) register too; externals.py keeps them, by heartbeats onl
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import logging
@@ -25,32 +26,36 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from common.codec import Encoder
-from common.config import TCP_OFFSETS, Config, to_dict
-from common.curve import CurveKeys, client_keys, server_keys, start_authenticator
-from common.errors import ConfigError, SpreezeError
+from proto.codec import Encoder
+from common.config import TCP_OFFSETS, Config, to_dict, with_batch_size
+from common.curve_auth import CurveKeys, client_keys, server_keys, start_authenticator
+from common.errors import ConfigError
+from proto.errors import SpreezeError
 from common.health import ENV_HEALTH, serve_health
 from common.service import ENV_KEYS
 from common.transport import Channel, ipc_endpoint, make_ipc_dir, tcp_host, tcp_port
 from proto.messages import Control, ControlReply, Error, Event, Heartbeat, Register, Welcome
+from proto.names import (ACTOR_LEARNER, CRITIC_LEARNER, EVALUATOR, LEARNER, LEARNER_ROLES, REPLAY, SAMPLER,
+                         SOCKETS, VISUALIZER)
 from services.supervisor.externals import External, Externals
-from services.supervisor.probe import Choice
+from services.supervisor.probe import Choice, cpu_seconds, host_cpu
 from services.supervisor.processes import Child, RestartPolicy, ServiceSpec, spawn, terminate
 from services.supervisor.progress import Progress
-from services.supervisor.tuning import TuningLoop
+from services.supervisor.tuner import Setting
+from services.supervisor.tuning import Sample, TuningLoop
 
 log = logging.getLogger(__name__)
 
-ENDPOINT_NAMES = ("control", "metrics_in", "metrics_out", "experience", "sample",
-                  "actor_weights", "actor_sync", "critic_sync")
 WATCH_EVERY = 0.2  # seconds between liveness checks
 STOP_GRACE = 20.0  # seconds a service has to exit after a shutdown command
-LAST_TO_STOP = ("evaluator", "replay", "visualizer")  # the final evaluation reaches disk and dashboard
+LAST_TO_STOP = (EVALUATOR, REPLAY, VISUALIZER)  # the final evaluation reaches disk and dashboard
 PROXY_HWM = 10_000  # metrics messages queued in the proxy before it drops (PUB semantics)
+BUS_WAIT = 5.0  # seconds to wait for the metrics bus to carry a first record before publishing the plan
 
 
-class RunFailed(SpreezeError):
-    """A service kept crashing, or could not start: the run stopped."""
+def service(role: str, service_id: str = "", threads: int = 1) -> ServiceSpec:
+    """A service of `role`, run as `python -m services.<role>` (id: the role, unless given)."""
+    return ServiceSpec(service_id or role, role, f"services.{role}", threads)
 
 
 def roster(cfg: Config) -> list[ServiceSpec]:
@@ -58,17 +63,15 @@ def roster(cfg: Config) -> list[ServiceSpec]:
     if cfg.supervisor.mode == "hub":
         return []
     threads = cfg.learner.threads
-    specs = [ServiceSpec("replay", "replay", "services.replay")]
+    specs = [service(REPLAY)]
     if cfg.learner.mode == "fused":
-        specs.append(ServiceSpec("learner", "learner", "services.learner", threads))
+        specs.append(service(LEARNER, threads=threads))
     else:
-        specs += [ServiceSpec("critic_learner", "critic_learner", "services.critic_learner", threads),
-                  ServiceSpec("actor_learner", "actor_learner", "services.actor_learner", threads)]
-    specs.append(ServiceSpec("evaluator", "evaluator", "services.evaluator"))
-    specs += [ServiceSpec(f"sampler-{i}", "sampler", "services.sampler")
-              for i in range(cfg.sampler.num_samplers)]
+        specs += [service(CRITIC_LEARNER, threads=threads), service(ACTOR_LEARNER, threads=threads)]
+    specs.append(service(EVALUATOR))
+    specs += [service(SAMPLER, f"{SAMPLER}-{i}") for i in range(cfg.sampler.num_samplers)]
     if cfg.visualizer.enabled:
-        specs.append(ServiceSpec("visualizer", "visualizer", "services.visualizer"))
+        specs.append(service(VISUALIZER))
     return specs
 
 
@@ -77,12 +80,16 @@ class Supervisor:
                  pinned: frozenset[str] = frozenset(), plan: list[Choice] | None = None) -> None:
         """`specs`: a custom roster (benchmarks, tests): then nothing is tuned. `pinned`: config
         keys the user set (the tuner leaves them); `plan`: the start plan's choices, published."""
-        self.cfg, self.quiet = cfg, quiet
-        # a custom roster or a hub (it starts no process) is not tuned
-        self.tuning = TuningLoop(self, pinned, plan or []) if specs is None and cfg.supervisor.mode != "hub" else None
+        self.cfg, self.quiet = cfg, quiet  # only the supervisor changes cfg (apply): new services get it
+        # a custom roster or a hub (it starts no process) is not tuned, and has no plan to publish
+        tunable = specs is None and cfg.supervisor.mode != "hub"
+        self.plan = (plan or []) if tunable else []
+        self.tuning = TuningLoop(self, cfg, pinned) if tunable and cfg.supervisor.tune else None
         self.run_dir = Path(cfg.run_dir)
+        self.progress = Progress(self.run_dir / "metrics.jsonl", cfg.total_steps, cfg.time_limit)
+        self.learner_id = LEARNER if cfg.learner.mode == "fused" else CRITIC_LEARNER  # whose updates count
         self.sock_dir, self.own_sock_dir = socket_dir(cfg)
-        self.endpoints = {name: ipc_endpoint(self.sock_dir, name) for name in ENDPOINT_NAMES}
+        self.endpoints = {name: ipc_endpoint(self.sock_dir, name) for name in SOCKETS}
         self.tcp = tcp_endpoints(cfg.supervisor.listen)
         self.externals = Externals()
         self.children = {spec.service_id: Child(spec) for spec in (roster(cfg) if specs is None else specs)}
@@ -95,6 +102,7 @@ class Supervisor:
         self.next_request = 0
         self.retiring: list[tuple[Child, float]] = []  # samplers told to leave, with their exit deadline
         self.next_sampler = cfg.sampler.num_samplers  # index of the next sampler started at runtime
+        self.last_ping = 0.0  # monotonic time of the last ping round
 
     # ------------------------------------------------------------------ main
     async def run(self) -> int:
@@ -107,7 +115,6 @@ class Supervisor:
                                encoder=self.encoder)
         self.events = Channel(self.ctx, "metrics_in", self.endpoints["metrics_in"], binding=False,
                               encoder=self.encoder, curve=self.client_keys)
-        self.progress = Progress(self.run_dir / "metrics.jsonl", self.cfg.total_steps, self.cfg.time_limit)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self.stop, f"signal {signal.Signals(sig).name}")
@@ -118,6 +125,8 @@ class Supervisor:
         if os.environ.get(ENV_HEALTH):
             jobs.append(serve_health(self.ctx, os.environ[ENV_HEALTH], self.encoder,
                                      lambda: "stopping" if self.done.is_set() else "running"))
+        if self.plan:
+            jobs.append(self.announce_plan())
         if self.tuning:
             jobs.append(self.tuning.run())
         tasks = [asyncio.create_task(c) for c in jobs]
@@ -272,8 +281,8 @@ class Supervisor:
                           f"registered" + (f" again ({ext.joins - 1} restarts)" if ext.joins > 1 else ""),
                   {"service": sid, "role": msg.role, "host": msg.host, "pid": msg.pid, "remote": msg.remote})
         self.write_roster()
-        await self.control.send(Welcome(sid, endpoints, self.welcome_config(msg.role), self.cfg.supervisor.heartbeat_interval,
-                                        self.tcp), to=peer)
+        await self.control.send(Welcome(sid, endpoints, self.welcome_config(msg.role),
+                                        self.cfg.supervisor.heartbeat_interval, self.tcp), to=peer)
 
     def external_heartbeat(self, sid: str, msg: Heartbeat) -> None:
         was = self.externals.by_id.get(sid)
@@ -302,7 +311,7 @@ class Supervisor:
         """The run config as a service of `role` gets it: the current (tuned) values, and no
         random warm-up for a sampler that joins once the run's warm-up steps are in replay."""
         data = to_dict(self.cfg)
-        if role == "sampler" and self.progress.env_steps >= self.cfg.sampler.warmup_steps:
+        if role == SAMPLER and self.progress.env_steps >= self.cfg.sampler.warmup_steps:
             data["sampler"]["warmup_steps"] = 0
         return data
 
@@ -346,20 +355,19 @@ class Supervisor:
 
     async def ping_all(self) -> None:
         """Supervisor heartbeat: lets services notice a dead supervisor and exit."""
-        if not hasattr(self, "_last_ping") or time.monotonic() - self._last_ping >= self.cfg.supervisor.heartbeat_interval:
-            self._last_ping = time.monotonic()
+        if time.monotonic() - self.last_ping >= self.cfg.supervisor.heartbeat_interval:
+            self.last_ping = time.monotonic()
             self.write_roster()
             for child in self.children.values():
                 if child.registered and child.alive:
-                    await self.command(child, "ping")
+                    self.tell(child.spec.service_id, "ping")
             for ext in self.externals.by_id.values():
                 if ext.state != "stopped":  # gone ones too: a recovered one must hear from us again
                     self.tell(ext.service_id, "ping")
 
-    async def command(self, child: Child, command: str, key: str = "", value: Any = None) -> None:
-        self.tell(child.spec.service_id, command, key, value)
-
     def tell(self, service_id: str, command: str, key: str = "", value: Any = None) -> None:
+        """Send a Control command (never blocks: the control socket's HWM is large, replies come
+        back to control_loop)."""
         self.next_request += 1
         self.control.send_nowait(Control(command, self.next_request, key, value), to=service_id.encode())
 
@@ -368,19 +376,64 @@ class Supervisor:
             await asyncio.sleep(self.cfg.supervisor.progress_every)
             self.say(self.progress.line())
 
-    # ------------------------------------------------------------------ actuators (the tuner's)
+    # ------------------------------------------------------------------ the tuning loop's host
+    async def announce_plan(self) -> None:
+        """Publish the start plan's choices as `plan` events, once the metrics bus carries records."""
+        deadline = time.monotonic() + BUS_WAIT
+        while not self.progress.latest and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)  # events sent before the bus carries anything may be dropped
+        for choice in self.plan:
+            self.emit("plan", f"{choice.key}={choice.value}: {choice.reason}",
+                      {"key": choice.key, "value": choice.value})
+
+    def read(self) -> Sample | None:
+        """The counters the tuner's windows are made of; None until the learner and replay reported."""
+        p = self.progress
+        learner, replay = p.latest.get(self.learner_id), p.latest.get(REPLAY)
+        if learner is None or replay is None:
+            return None
+        cpu = {}
+        for sid, child in self.children.items():
+            used = cpu_seconds(child.proc.pid) if child.alive else None  # type: ignore[union-attr]
+            if used is not None:
+                cpu[sid] = used
+        return Sample(time.monotonic(), float(learner.get("updates", 0)), p.arrived[self.learner_id],
+                      float(replay.get("inserted", 0)), float(replay.get("insert_stall_s", 0.0)),
+                      float(replay.get("sample_stall_s", 0.0)), p.arrived[REPLAY], cpu, host_cpu()[0])
+
+    async def apply(self, new: Setting) -> None:
+        """Run with `new` from now on: the config follows (restarted and new services get it),
+        `set` commands carry it to the running services, samplers are started or retired."""
+        cfg = self.cfg
+        old = Setting(cfg.sampler.num_samplers, cfg.sampler.envs_per_sampler, cfg.learner.batch_size)
+        self.cfg = with_batch_size(dataclasses.replace(cfg, sampler=dataclasses.replace(
+            cfg.sampler, num_samplers=new.samplers, envs_per_sampler=new.envs)), new.batch, "supervisor")
+        if new.batch != old.batch:
+            self.set_all((REPLAY, *LEARNER_ROLES), "batch_size", new.batch)
+        if new.envs != old.envs:
+            self.set_all((SAMPLER,), "envs_per_sampler", new.envs)
+        for _ in range(new.samplers - old.samplers):
+            self.add_sampler()
+        for _ in range(old.samplers - new.samplers):
+            self.retire_sampler()
+
+    def set_all(self, roles: tuple[str, ...], key: str, value: Any) -> None:
+        for child in list(self.children.values()):
+            if child.spec.role in roles and child.registered and child.alive:
+                self.tell(child.spec.service_id, "set", key, value)
+
     def add_sampler(self) -> Child:
         """Start one more sampler process (a fresh id: a leaving one may still hold its old id)."""
-        sid = f"sampler-{self.next_sampler}"
+        sid = f"{SAMPLER}-{self.next_sampler}"
         self.next_sampler += 1
-        child = self.children[sid] = Child(ServiceSpec(sid, "sampler", "services.sampler"))
+        child = self.children[sid] = Child(service(SAMPLER, sid))
         self.start(child)
         return child
 
-    async def retire_sampler(self) -> Child | None:
+    def retire_sampler(self) -> Child | None:
         """Tell the most recently started sampler to leave (it flushes its pushes and exits);
         it is not restarted."""
-        samplers = [c for c in self.children.values() if c.spec.role == "sampler"]
+        samplers = [c for c in self.children.values() if c.spec.role == SAMPLER]
         if len(samplers) <= 1:
             return None
         child = max(samplers, key=lambda c: c.started)
@@ -388,7 +441,7 @@ class Supervisor:
         child.restart_at, child.state = 0.0, "leaving"
         self.retiring.append((child, time.monotonic() + STOP_GRACE))
         if child.alive and child.registered:
-            await self.command(child, "shutdown")
+            self.tell(child.spec.service_id, "shutdown")
         self.write_roster()
         return child
 
@@ -410,7 +463,7 @@ class Supervisor:
             for child in group:
                 child.restart_at = 0.0
                 if child.alive and child.registered:
-                    await self.command(child, "shutdown")
+                    self.tell(child.spec.service_id, "shutdown")
             for ext in externals:
                 self.tell(ext.service_id, "shutdown")
             await self._wait_exit(group, externals, STOP_GRACE)

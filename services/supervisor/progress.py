@@ -9,8 +9,7 @@ from typing import IO, Any
 
 from common.sparse_stats import combined_flops_ratio
 from proto.messages import EvalResult, Event, Message, Metrics
-
-LEARNER_ROLES = ("learner", "critic_learner", "actor_learner")
+from proto.names import LEARNER_ROLES
 
 
 class Progress:

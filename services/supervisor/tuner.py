@@ -1,12 +1,12 @@
 """The runtime tuner: a pure controller from measurement windows to setting changes.
 
 Goal: the highest update frame rate (batch size x critic updates/s) while replay's rate
-limiter holds the target update-to-data ratio. Windows are compared by `Snapshot.score`,
+limiter holds the target update-to-data ratio. Windows are compared by `Window.score`,
 the frame rate corrected for other programs' load on a shared host. Knobs: sampler
 processes, envs per sampler, batch size. A damped hill climb, one knob step at a time:
 
   * measure the current setting over a window (the caller waits `settle` seconds after
-    a change, then `window` seconds, and passes the `Snapshot`);
+    a change, then `window` seconds, and passes the `Window`);
   * try one move, chosen by what limits the run now: a larger batch first (each update
     then uses more transitions, whoever limits), then, when the learners wait on replay
     (sampling limits), another sampler if the host has idle cores, or more envs per
@@ -60,7 +60,7 @@ class Bounds:
 
 
 @dataclass(frozen=True)
-class Snapshot:
+class Window:
     """What one measurement window saw."""
 
     frame_rate: float  # batch x critic updates per second
@@ -117,7 +117,7 @@ class Tuner:
         self.settled = False
         self.low_windows = 0  # consecutive settled windows below the drift line
 
-    def observe(self, snap: Snapshot, now: float) -> list[Decision]:
+    def observe(self, snap: Window, now: float) -> list[Decision]:
         """Take one window's measurement of the current setting; the decisions it leads to."""
         if snap.score <= 0:
             return []  # learners not updating yet (filling replay): nothing to compare
@@ -147,7 +147,7 @@ class Tuner:
         out += self.propose(snap, now)
         return out
 
-    def judge(self, snap: Snapshot, now: float) -> Decision:
+    def judge(self, snap: Window, now: float) -> Decision:
         """The window after a tried move: keep it, or go back and look at the old setting again."""
         assert self.trial is not None
         move, before, base = self.trial
@@ -168,7 +168,7 @@ class Tuner:
         return Decision("revert", before, f"{move} undone: {numbers}, less than the +{self.min_gain:.0%} "
                         "needed; measuring the previous setting again", move)
 
-    def second_look(self, snap: Snapshot, now: float) -> Decision:
+    def second_look(self, snap: Window, now: float) -> Decision:
         """A/B/A: compare the tried move with the old setting measured before AND after it, so a
         change of the host's load during the trial is not taken for the move's effect."""
         assert self.recheck is not None
@@ -197,7 +197,7 @@ class Tuner:
         self.blocked[move] = now + pause
         return pause
 
-    def propose(self, snap: Snapshot, now: float) -> list[Decision]:
+    def propose(self, snap: Window, now: float) -> list[Decision]:
         for move in self.candidates(snap):
             if self.blocked.get(move, 0.0) > now:
                 continue
@@ -217,7 +217,7 @@ class Tuner:
         return [Decision("settled", self.setting, f"no move left to try: {self.setting.describe()} at "
                          f"{self.baseline:,.0f} load-corrected frames/s")]
 
-    def candidates(self, snap: Snapshot) -> list[str]:
+    def candidates(self, snap: Window) -> list[str]:
         """Moves worth trying now, most promising first (what limits the run decides)."""
         idle = snap.idle_cores >= IDLE_FOR_SAMPLER
         if snap.bottleneck() == "learners":

@@ -16,7 +16,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from common.errors import ArrayError, FramingError, HeaderError, LimitError, VersionError
+from proto.errors import ArrayError, FramingError, HeaderError, LimitError, VersionError
 
 PROTOCOL_VERSION = 1  # major version; bumped only on incompatible changes (proto/SPEC.md)
 

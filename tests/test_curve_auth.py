@@ -1,4 +1,4 @@
-"""Tests for common/curve.py: CURVE over tcp:// admits authorized clients and nobody else.
+"""Tests for common/curve_auth.py: CURVE over tcp:// admits authorized clients and nobody else.
 
 ThreadAuthenticator works on a zmq.asyncio.Context as well as a sync one: pyzmq creates
 its ZAP and pipe sockets with socket_class=zmq.Socket, so both are tested.
@@ -16,8 +16,8 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from common.codec import Encoder
-from common.curve import CurveKeys, client_keys, make_keys, server_keys, start_authenticator
+from proto.codec import Encoder
+from common.curve_auth import CurveKeys, client_keys, make_keys, server_keys, start_authenticator
 from common.errors import ConfigError, TransportTimeout
 from common.transport import Channel
 from proto.messages import Heartbeat

@@ -1,0 +1,1 @@
+"""The `spreeze` command line, on top of services/ and bench/ (see cli/main.py)."""

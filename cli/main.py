@@ -1,0 +1,74 @@
+"""The `spreeze` command line: train, eval, plot, bench, results, sampler, keys, health.
+
+One table names every command and the module that implements it; a command's module is
+imported only when that command runs, so `spreeze health` (a container's health check)
+starts without torch, gymnasium or the run config. Keep this module's imports light.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from importlib import import_module
+
+from bench import BENCHES
+from proto.errors import SpreezeError
+
+# command -> (module defining its PARSERS and HANDLERS entries, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("cli.train", "train an agent with every service as a local process"),
+    "eval": ("cli.tools", "evaluate a run's best checkpoint"),
+    "plot": ("cli.tools", "PNG learning curves (mean ± std over several runs) and throughput"),
+    "bench": ("cli.tools", f"benchmarks: {' | '.join(BENCHES)} (each has --help)"),
+    "results": ("cli.tools", "train dense | static | ds over seeds, table in results/<env>.md (has --help)"),
+    "sampler": ("cli.remote", "attach a sampler to a running training (spreeze train --listen)"),
+    "keys": ("cli.remote", "make CURVE server and client key pairs for tcp endpoints"),
+    "health": ("cli.remote", "ask a service over its health socket; exit 0 when it answers healthy"),
+}
+
+
+def parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser with `command`'s arguments (None: every command's, importing every module)."""
+    p = argparse.ArgumentParser(prog="spreeze", description="High-throughput actor-critic RL.")
+    sub = p.add_subparsers(dest="command", required=True)
+    for name, (module, text) in COMMANDS.items():
+        s = sub.add_parser(name, help=text, add_help=name != "results")  # results: parsed by bench.results
+        if command is None or command == name:
+            add_arguments = import_module(module).PARSERS.get(name)
+            if add_arguments is not None:
+                add_arguments(s)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = argv[0] if argv and argv[0] in COMMANDS else ""
+    if command == "results":  # its own parser: options and key=value overrides in any order
+        from bench.results import main as results_main
+
+        return guarded("results", lambda: results_main(argv[1:]))
+    p = parser(command)
+    args, extra = p.parse_known_args(argv)
+    if args.command == "train":  # key=value overrides may come between or after options
+        stray = [x for x in extra if x.startswith("-") or "=" not in x]
+        if stray:
+            p.error(f"unrecognized arguments: {' '.join(stray)}")
+        args.overrides = list(args.overrides) + extra
+    elif extra and args.command != "bench":
+        p.error(f"unrecognized arguments: {' '.join(extra)}")
+    handler = import_module(COMMANDS[args.command][0]).HANDLERS[args.command]
+    return guarded(args.command, lambda: handler(args))
+
+
+def guarded(command: str, run: Callable[[], int]) -> int:
+    """``run()``'s exit status; a SpreezeError is printed and exits 2."""
+    try:
+        return run()
+    except SpreezeError as exc:
+        print(f"spreeze {command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""`spreeze eval`, `spreeze plot` and `spreeze bench`: tools on finished runs, and benchmarks."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from bench import BENCHES
+
+
+def eval_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir")
+    p.add_argument("--episodes", type=int, default=10)
+    p.add_argument("--checkpoint", choices=("best", "latest"), default="best")
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from common.evaluation import evaluate_checkpoint
+
+    returns = evaluate_checkpoint(Path(args.run_dir), args.episodes, args.checkpoint)
+    print(f"{args.checkpoint} checkpoint of {args.run_dir}: return {np.mean(returns):.1f} "
+          f"± {np.std(returns):.1f} over {len(returns)} episodes")
+    return 0
+
+
+def plot_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    p.add_argument("--out", help="folder for the PNGs (default: the run directory of one run, else .)")
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from common.plot import plot_runs
+
+    for path in plot_runs([Path(d) for d in args.run_dirs], Path(args.out) if args.out else None):
+        print(path)
+    return 0
+
+
+def bench_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("what", choices=BENCHES)
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments of the benchmark")
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from importlib import import_module
+
+    status: int = import_module(f"bench.{args.what}").main(args.rest)
+    return status
+
+
+PARSERS = {"eval": eval_arguments, "plot": plot_arguments, "bench": bench_arguments}
+HANDLERS = {"eval": cmd_eval, "plot": cmd_plot, "bench": cmd_bench}

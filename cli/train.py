@@ -1,0 +1,94 @@
+"""`spreeze train`: the run's config from a YAML file, flags and key=value overrides (or a
+resumed run's saved config), then the supervisor's start sequence."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+from pathlib import Path
+
+from common.algorithms import ALGOS
+from common.config import Config, field_docs, given_keys, load_config, parse_override
+from common.errors import ConfigError
+from common.sparse import NETWORKS
+
+RESUMABLE_KEYS = ("total_steps", "time_limit", "supervisor.listen", "supervisor.keys")  # budget and where it listens
+
+
+def train_arguments(p: argparse.ArgumentParser) -> None:
+    rows = "\n".join(f"  {key:34s} {doc} (default {default})" for key, default, doc in field_docs())
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.description = "Train TD3 or SAC. With no arguments: TD3 on HalfCheetah-v5."
+    p.epilog = ("Any config key can be set as key=value (values parsed as YAML), e.g.\n"
+                "  spreeze train learner.batch_size=512 replay.update_to_data=0.5\n\nConfig keys:\n" + rows)
+    p.add_argument("--config", help="YAML config file (see configs/); overrides apply on top")
+    p.add_argument("--env", help="gymnasium environment id (config key env)")
+    p.add_argument("--algo", choices=ALGOS, help="algorithm (config key algo)")
+    p.add_argument("--network", choices=NETWORKS,
+                   help="dense, static sparse or dynamic sparse (ds) networks (config key sparse.network)")
+    p.add_argument("--seed", type=int, help="base seed (config key seed)")
+    p.add_argument("--total-steps", type=int, help="env steps budget (config key total_steps)")
+    p.add_argument("--time-limit", type=float, help="wall-clock budget in seconds (config key time_limit)")
+    p.add_argument("--run-dir", help="run directory (config key run_dir)")
+    p.add_argument("--resume", metavar="RUN_DIR",
+                   help="continue a stopped or crashed run with its saved config; only budget keys "
+                        f"({', '.join(RESUMABLE_KEYS)}) may be changed")
+    p.add_argument("--listen", metavar="tcp://HOST:PORT",
+                   help="let remote samplers attach on PORT (and PORT+1..3) (config key supervisor.listen)")
+    p.add_argument("--keys", metavar="DIR",
+                   help="CURVE key directory from `spreeze keys`: tcp endpoints admit its authorized clients "
+                        "only (config key supervisor.keys)")
+    p.add_argument("--quiet", action="store_true", help="no console progress lines")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
+
+
+def train_overrides(args: argparse.Namespace) -> list[str]:
+    """key=value overrides of `spreeze train`, the named flags included."""
+    flags = {"env": args.env, "algo": args.algo, "seed": args.seed, "total_steps": args.total_steps,
+             "time_limit": args.time_limit, "run_dir": args.run_dir, "sparse.network": args.network,
+             "supervisor.listen": args.listen,
+             "supervisor.keys": str(Path(args.keys).resolve()) if args.keys else None}
+    return list(args.overrides) + [f"{k}={v}" for k, v in flags.items() if v is not None]
+
+
+def resume_config(args: argparse.Namespace) -> Config:
+    """RUN_DIR/config.yaml with only budget keys overridden; anything else is refused by name."""
+    run_dir = Path(args.resume).resolve()
+    saved = run_dir / "config.yaml"
+    if not saved.is_file():
+        raise ConfigError(f"--resume {str(run_dir)!r}: no config.yaml there, so it is not a run directory")
+    if args.config is not None:
+        raise ConfigError(f"--config {args.config!r} cannot be used with --resume: the run keeps its config")
+    overrides = train_overrides(args)
+    for text in overrides:
+        key = ".".join(parse_override(text)[0])
+        if key == "run_dir" and Path(str(parse_override(text)[1])).resolve() == run_dir:
+            continue
+        if key not in RESUMABLE_KEYS:
+            raise ConfigError(f"--resume: {key} cannot change when resuming a run (only "
+                              f"{', '.join(RESUMABLE_KEYS)} can); start a new run instead")
+    cfg = load_config(saved, overrides)
+    return dataclasses.replace(cfg, run_dir=str(run_dir))
+
+
+def train_config(args: argparse.Namespace) -> Config:
+    if args.resume:
+        return resume_config(args)
+    cfg = load_config(args.config, train_overrides(args))
+    if not cfg.run_dir:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        cfg = dataclasses.replace(cfg, run_dir=f"runs/{cfg.env}-{cfg.algo}-s{cfg.seed}-{stamp}")
+    run_dir = Path(cfg.run_dir).resolve()
+    return dataclasses.replace(cfg, run_dir=str(run_dir))
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from services.supervisor.start import start
+
+    cfg = train_config(args)
+    return start(cfg, given_keys(args.config, train_overrides(args)), resumed=bool(args.resume), quiet=args.quiet)
+
+
+PARSERS = {"train": train_arguments}
+HANDLERS = {"train": cmd_train}

@@ -1,0 +1,46 @@
+"""Starting a run: plan it on the hardware, prepare its run directory, run the supervisor.
+
+`spreeze train` resolves the config (a new run, or a resumed one) and calls `start`; what
+happens between a config and the first service process is here, in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import yaml
+
+from common.config import Config, to_dict
+from common.envs import env_spec
+from common.errors import ConfigError
+from services.supervisor import probe
+from services.supervisor.main import Supervisor
+
+RUN_STATE = ("checkpoints", "replay")  # what a started run leaves in its run directory
+
+
+def start(cfg: Config, pinned: frozenset[str], resumed: bool, quiet: bool) -> int:
+    """Train until the budget is spent (0) or the run fails (1). `pinned`: config keys the
+    user set (the plan and the tuner keep them); a resumed run keeps its saved config."""
+    layout, _, _ = env_spec(cfg.env)  # refuse unknown or discrete-action envs before anything starts
+    hardware = probe.probe()
+    choices = probe.plan(hardware, cfg, pinned, layout.width * 4) if cfg.supervisor.auto and not resumed else []
+    cfg = probe.apply(cfg, choices)
+    run_dir = Path(cfg.run_dir)
+    started = [name for name in RUN_STATE if (run_dir / name).is_dir() and any((run_dir / name).iterdir())]
+    if started and not resumed:
+        raise ConfigError(f"run directory {str(run_dir)!r} already holds a run ({', '.join(started)}): "
+                          f"continue it with --resume {run_dir}, or choose another --run-dir")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    logging.basicConfig(filename=run_dir / "supervisor.log", level=logging.INFO,
+                        format="%(asctime)s supervisor %(levelname)s %(name)s: %(message)s")
+    verb = "resuming" if resumed else "training"
+    print(f"spreeze: {verb} {cfg.algo} on {cfg.env} for {cfg.total_steps:,} env steps; run dir {run_dir}",
+          flush=True)
+    print(f"spreeze: hardware: {hardware.describe()}", flush=True)
+    logging.getLogger(__name__).info("hardware: %s; pinned by the user: %s", hardware.describe(),
+                                     ", ".join(sorted(pinned)) or "nothing")
+    return asyncio.run(Supervisor(cfg, quiet=quiet, pinned=pinned, plan=choices).run())

@@ -1,0 +1,146 @@
+"""The layers of DESIGN.md, one way only, checked over every module's imports (lazy ones too).
+
+proto/ imports nothing of the project; common/ imports proto only (and itself); services/
+import common and proto, never one another, except that the learner services share
+services/learner/base.py; bench/ and the command line (cli/) sit on top, cli/ above all.
+No import cycles among the project's modules. `spreeze health` stays light (no torch).
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("proto", "common", "services", "bench", "cli")
+LEARNER_SERVICES = ("services.learner", "services.actor_learner", "services.critic_learner")
+LEARNER_BASE = "services.learner.base"
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
+
+
+def imports(name: str) -> set[str]:
+    """Project modules `name` imports anywhere in its body (functions and TYPE_CHECKING blocks too)."""
+    path = MODULES[name]
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+        else:
+            continue
+        found.update(t for t in targets if t.split(".")[0] in PACKAGES)
+    return found - {name}
+
+
+GRAPH = {name: imports(name) for name in MODULES}
+
+
+def layer_violation(importer: str, imported: str) -> str | None:
+    top, target = importer.split(".")[0], imported.split(".")[0]
+    if top == "proto" and target != "proto":
+        return "proto/ imports nothing of the project"
+    if top == "common" and target not in ("common", "proto"):
+        return "common/ imports proto/ (and common/) only"
+    if top == "services":
+        if target not in ("services", "common", "proto"):
+            return "services/ import common/ and proto/ only"
+        own, other = ".".join(importer.split(".")[:2]), ".".join(imported.split(".")[:2])
+        if target == "services" and other != own and not (own in LEARNER_SERVICES and imported == LEARNER_BASE):
+            return "services/ never import one another (the learner services share services/learner/base.py)"
+    if top == "bench" and target == "cli":
+        return "bench/ sits below the command line"
+    return None
+
+
+def test_every_package_was_found() -> None:
+    assert {"proto.codec", "proto.messages", "common.transport", "services.supervisor.main", "cli.main",
+            "bench.update"} <= set(MODULES)
+    assert "services.learner.base" in GRAPH["services.actor_learner.main"]
+
+
+def test_imports_follow_the_layers() -> None:
+    bad = [f"{a} imports {b}: {why}" for a, targets in sorted(GRAPH.items()) for b in sorted(targets)
+           if (why := layer_violation(a, b)) is not None]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_rules_catch_what_they_forbid() -> None:
+    assert layer_violation("proto.messages", "common.errors")
+    assert layer_violation("common.cli", "services.supervisor.main")
+    assert layer_violation("common.config", "bench.system")
+    assert layer_violation("services.replay.main", "services.sampler.main")
+    assert layer_violation("services.evaluator.main", "services.learner.base")
+    assert layer_violation("services.actor_learner.main", "services.learner.main")
+    assert layer_violation("services.supervisor.main", "cli.main")
+    assert layer_violation("bench.update", "cli.main")
+    assert layer_violation("services.critic_learner.main", "services.learner.base") is None
+    assert layer_violation("cli.train", "services.supervisor.start") is None
+    assert layer_violation("bench.update", "services.supervisor.main") is None
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected group of more than one module (Tarjan), as sorted lists."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                out.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycles() -> None:
+    assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
+    assert cycles(GRAPH) == []
+
+
+@pytest.mark.parametrize("command", ["health", "keys", "sampler"])
+def test_light_commands_import_no_torch(command: str) -> None:
+    """The command line imports a command's module only when it runs: `spreeze health` (a
+    container's health check) must not pay for torch, gymnasium or the run config."""
+    code = (f"import sys\nfrom cli.main import parser\nparser({command!r})\nimport common.health\n"
+            "heavy = sorted(m for m in ('torch', 'gymnasium', 'common.config') if m in sys.modules)\n"
+            "print(heavy)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr

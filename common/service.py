@@ -128,7 +128,8 @@ class Service:
         while self.running:
             await self.control.send(Heartbeat(self.service_id, "paused" if self.paused else "running",
                                               self.counters()))
-            if time.monotonic() - self.supervisor_seen > liveness:
+            if time.monotonic() - self.supervisor_seen > liveness and not self.control.has_input():
+                # (queued input: the supervisor spoke while this loop was busy; control_loop reads it next)
                 raise PeerError(f"no word from the supervisor for {liveness:.1f}s: exiting")
             await asyncio.sleep(self.heartbeat_interval)
 

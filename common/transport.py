@@ -8,6 +8,7 @@ per role, deliberately (see ROLES). Hot paths drain every queued message per wak
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import tempfile
@@ -111,6 +112,21 @@ def tcp_port(endpoint: str) -> int:
     return int(port)
 
 
+def bind_address(endpoint: str) -> str:
+    """Where a binder binds `endpoint`: a tcp:// endpoint named by a host name (a Swarm or compose
+    service name, as announced to its peers) binds that port on every interface of the
+    binder's own container; IP addresses, `*`, ipc:// and inproc:// bind as given."""
+    if not endpoint.startswith("tcp://"):
+        return endpoint
+    host = tcp_host(endpoint).strip("[]")
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        if host not in ("*", "localhost"):
+            return f"tcp://*:{tcp_port(endpoint)}"
+    return endpoint
+
+
 class Channel:
     """One ZeroMQ socket speaking the protocol.
 
@@ -149,7 +165,7 @@ class Channel:
             curve.apply(self.sock, server=binding)
         for each in self.endpoints:
             try:
-                (self.sock.bind if binding else self.sock.connect)(each)
+                self.sock.bind(bind_address(each)) if binding else self.sock.connect(each)
             except zmq.ZMQError as exc:
                 self.sock.close(linger=0)
                 raise ConfigError(f"cannot {'bind' if binding else 'connect'} {role} socket to "
@@ -220,6 +236,10 @@ class Channel:
             if got is not None:
                 out.append(got)
         return out
+
+    def has_input(self) -> bool:
+        """Whether a message is queued for this socket (nothing is read)."""
+        return bool(self.now.getsockopt(zmq.EVENTS) & zmq.POLLIN)
 
     def recv_nowait(self) -> tuple[bytes | None, Message] | None:
         """One queued message; None if it was bad (counted); raises zmq.Again if none is queued."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +131,24 @@ def test_pinged_service_stays_alive(tmp_path: Path) -> None:
                 await h.router.send(Control("ping", i), to=b"idle-1")
                 await asyncio.sleep(0.05)
             assert not beats.done(), beats
+    run(body())
+
+
+def test_a_service_whose_own_loop_was_busy_does_not_take_the_supervisor_for_dead(tmp_path: Path) -> None:
+    """Pings queued while the loop was blocked (a long checkpoint write) prove the supervisor alive."""
+    async def body() -> None:
+        cfg = config(tmp_path, "supervisor.liveness=2")
+        async with Harness(cfg) as h:
+            svc = await h.attach(Idle, "idle-1")
+            await h.router.send(Control("ping", 1), to=b"idle-1")
+            time.sleep(0.3)  # the loop is stuck for three liveness windows; the ping waits in the socket
+            await asyncio.sleep(0.01)
+            beat = h.start(svc.heartbeats())  # wakes before the control loop has read the ping
+            await asyncio.sleep(0.02)
+            assert not beat.done(), beat
+            h.start(svc.control_loop())
+            await asyncio.sleep(0.05)
+            assert not beat.done() and time.monotonic() - svc.supervisor_seen < 0.1
     run(body())
 
 

@@ -117,7 +117,7 @@ class Evaluator(Service):
         self.evaluated_version, self.last_eval_updates = msg.version, msg.updates
         self.last_eval_time = time.monotonic()
         self.evaluations += 1
-        self.save(state, result)
+        await asyncio.to_thread(self.save, state, result)  # reads learner checkpoints: seconds under load
         if self.running and self.videos.due(self.evaluations):  # not on the way out: it takes a while
             self.video_task = asyncio.create_task(self.record_video(actor, result))
         elif self.videos.off_reason and not self.video_announced:  # no GL at start: say so once

@@ -18,10 +18,16 @@ from common.algorithms import ALGOS, Algorithm, SACConfig, TD3Config, algorithm
 from common.errors import ConfigError
 from common.sparse import SparseConfig
 from common.transport import ROLES, tcp_port
+from proto.names import ROLES as SERVICE_ROLES
 
 
 # socket name -> port offset from supervisor.listen's port: the sockets remote samplers need
-TCP_OFFSETS = {"control": 0, "metrics_in": 1, "experience": 2, "actor_weights": 3}
+# tcp ports of a run's sockets, as offsets from the first: the four a remote sampler uses come first
+# (supervisor.listen serves those), then the rest (supervisor.transport=tcp puts every socket on tcp)
+TCP_PORT_ORDER = ("control", "metrics_in", "experience", "actor_weights",
+                  "metrics_out", "sample", "actor_sync", "critic_sync")
+TCP_OFFSETS = {name: i for i, name in enumerate(TCP_PORT_ORDER[:4])}
+TRANSPORTS = ("ipc", "tcp")
 MAX_PREFETCH = min(r.hwm for r in ROLES["sample"])  # replies beyond the sample sockets' HWM: the ROUTER drops them
 MAX_ACK_WINDOW = min(r.hwm for r in ROLES["experience"]) // 2  # a window plus its re-sent copy always fit the HWM
 
@@ -143,6 +149,9 @@ class SupervisorConfig:
     listen: str = ""  # tcp://HOST:PORT: control on PORT, metrics_in, experience, actor_weights on PORT+1..3
     keys: str = ""  # CURVE key directory (`spreeze keys`): tcp-facing sockets then admit authorized keys only
     remote_patience: float = 600.0  # seconds a service reached over tcp:// waits out a silent supervisor
+    transport: str = "ipc"  # ipc: sockets in a run-private directory (one host) | tcp: every socket on tcp:// (Swarm)
+    tcp_port: int = 5555  # transport=tcp: first of 8 ports, one per socket (control first; see README Multi-host)
+    tcp_hosts: str = ""  # transport=tcp: role=HOST pairs, comma separated ("all=HOST": every role); default: the role's name
 
     def validate(self) -> None:
         _positive(self, "heartbeat_interval", "liveness", "start_timeout", "restart_window", "progress_every",
@@ -157,8 +166,32 @@ class SupervisorConfig:
             if tcp_port(self.listen) > 65535 - len(TCP_OFFSETS):
                 raise ConfigError(f"supervisor.listen={self.listen!r}: the port needs "
                                   f"{len(TCP_OFFSETS)} free ports above it")
-        if self.keys and not self.listen:
-            raise ConfigError(f"supervisor.keys={self.keys!r} secures tcp endpoints, but supervisor.listen is not set")
+        _choice(self, "transport", TRANSPORTS)
+        if self.transport == "tcp":
+            if self.listen:
+                raise ConfigError(f"supervisor.listen={self.listen!r} has no use with supervisor.transport=tcp: "
+                                  f"every socket is on tcp already (remote samplers connect to the supervisor's "
+                                  f"host, port supervisor.tcp_port)")
+            if not 0 < self.tcp_port <= 65536 - len(TCP_PORT_ORDER):
+                raise ConfigError(f"supervisor.tcp_port={self.tcp_port!r} must leave {len(TCP_PORT_ORDER)} ports "
+                                  f"in 1..65535")
+            tcp_host_map(self.tcp_hosts)  # names a bad pair
+        if self.keys and not (self.listen or self.transport == "tcp"):
+            raise ConfigError(f"supervisor.keys={self.keys!r} secures tcp endpoints, but supervisor.listen is not set "
+                              f"and supervisor.transport is not tcp")
+
+
+def tcp_host_map(text: str) -> dict[str, str]:
+    """supervisor.tcp_hosts "role=HOST,..." -> {role: HOST} ("all" for every role not named)."""
+    hosts: dict[str, str] = {}
+    for pair in filter(None, (p.strip() for p in text.split(","))):
+        role, eq, host = pair.partition("=")
+        role, host = role.strip(), host.strip()
+        if not eq or not host or role not in (*SERVICE_ROLES, "supervisor", "all"):
+            raise ConfigError(f"supervisor.tcp_hosts: {pair!r} must be ROLE=HOST with ROLE one of supervisor, "
+                              f"{', '.join(SERVICE_ROLES)} or all")
+        hosts[role] = host
+    return hosts
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,8 @@ from tests.test_integration import FAST, pid_alive, records, wait_for
 REMOTE = [*FAST, "sampler.num_samplers=0", "supervisor.heartbeat_interval=0.5", "--time-limit", "200"]
 
 
-def free_port_base() -> int:
-    """A port P with P..P+3 free right now (the trainer binds all four)."""
+def free_port_base(count: int = 4) -> int:
+    """A port P with P..P+count-1 free right now (the trainer binds all four by default)."""
     for _ in range(50):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -38,7 +38,7 @@ def free_port_base() -> int:
             continue
         try:
             socks = []
-            for port in range(base, base + 4):
+            for port in range(base, base + count):
                 s = socket.socket()
                 socks.append(s)
                 s.bind(("127.0.0.1", port))

@@ -42,14 +42,15 @@ class External:
 class Externals:
     """The registry: join on Register, beat on Heartbeat, sweep for silence."""
 
-    def __init__(self) -> None:
+    def __init__(self, any_role_over_tcp: bool = False) -> None:
         self.by_id: dict[str, External] = {}
+        self.any_role_over_tcp = any_role_over_tcp  # transport=tcp: every service registers over tcp
 
     def join(self, sid: str, msg: Register, now: float) -> External:
         """Admit a registration (ConfigError names what is refused)."""
         if msg.role not in ROLES:
             raise ConfigError(f"role {msg.role!r} of {sid!r} is not one of {', '.join(ROLES)}")
-        if msg.remote and msg.role not in REMOTE_ROLES:
+        if msg.remote and msg.role not in REMOTE_ROLES and not self.any_role_over_tcp:
             raise ConfigError(f"{sid!r}: only {', '.join(REMOTE_ROLES)} services may attach over tcp, "
                               f"not {msg.role!r}")
         old = self.by_id.get(sid)

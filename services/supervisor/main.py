@@ -33,10 +33,11 @@ from common.errors import ConfigError
 from proto.errors import SpreezeError
 from common.health import ENV_HEALTH, serve_health
 from common.service import ENV_KEYS
-from common.transport import Channel, ipc_endpoint, make_ipc_dir, tcp_host, tcp_port
+from common.transport import Channel, make_ipc_dir, tcp_host, tcp_port
 from proto.messages import Control, ControlReply, Error, Event, Heartbeat, Register, Welcome
 from proto.names import (ACTOR_LEARNER, CRITIC_LEARNER, EVALUATOR, LEARNER, LEARNER_ROLES, REPLAY, SAMPLER,
-                         SOCKETS, VISUALIZER)
+                         VISUALIZER)
+from services.supervisor.endpoints import ipc_table, tcp_table
 from services.supervisor.externals import External, Externals
 from services.supervisor.probe import Choice, cpu_seconds, host_cpu
 from services.supervisor.processes import Child, RestartPolicy, ServiceSpec, spawn, terminate
@@ -88,10 +89,15 @@ class Supervisor:
         self.run_dir = Path(cfg.run_dir)
         self.progress = Progress(self.run_dir / "metrics.jsonl", cfg.total_steps, cfg.time_limit)
         self.learner_id = LEARNER if cfg.learner.mode == "fused" else CRITIC_LEARNER  # whose updates count
-        self.sock_dir, self.own_sock_dir = socket_dir(cfg)
-        self.endpoints = {name: ipc_endpoint(self.sock_dir, name) for name in SOCKETS}
-        self.tcp = tcp_endpoints(cfg.supervisor.listen)
-        self.externals = Externals()
+        self.tcp_only = cfg.supervisor.transport == "tcp"  # every socket on tcp, found by name (Swarm)
+        if self.tcp_only:
+            self.sock_dir, self.own_sock_dir = "", False
+            self.endpoints = self.tcp = tcp_table(cfg)  # every socket faces tcp (CURVE with keys)
+        else:
+            self.sock_dir, self.own_sock_dir = socket_dir(cfg)
+            self.endpoints = ipc_table(self.sock_dir)
+            self.tcp = tcp_endpoints(cfg.supervisor.listen)
+        self.externals = Externals(any_role_over_tcp=self.tcp_only)
         self.children = {spec.service_id: Child(spec) for spec in (roster(cfg) if specs is None else specs)}
         sc = cfg.supervisor
         self.policy = RestartPolicy(sc.max_restarts, sc.restart_window, sc.backoff)
@@ -155,7 +161,8 @@ class Supervisor:
         return server_keys(keys), client_keys(keys)
 
     def tcp_also(self, name: str) -> tuple[str, ...]:
-        return (self.tcp[name],) if name in self.tcp else ()
+        """The socket's tcp endpoint when it has one besides its own (ipc transport with listen)."""
+        return (self.tcp[name],) if name in self.tcp and self.tcp[name] != self.endpoints[name] else ()
 
     def stop(self, reason: str, failure: bool = False) -> None:
         if not self.done.is_set():
@@ -276,7 +283,7 @@ class Supervisor:
             log.warning("registration refused: %s", exc)
             await self.control.send(Error("refused", str(exc), msg.TYPE), to=peer)
             return
-        endpoints = {n: self.tcp[n] for n in TCP_OFFSETS} if msg.remote else self.endpoints
+        endpoints = {n: self.tcp[n] for n in TCP_OFFSETS} if msg.remote and not self.tcp_only else self.endpoints
         self.emit("join", f"{sid} ({msg.role}, pid {msg.pid} on {msg.host}{', over tcp' if msg.remote else ''}) "
                           f"registered" + (f" again ({ext.joins - 1} restarts)" if ext.joins > 1 else ""),
                   {"service": sid, "role": msg.role, "host": msg.host, "pid": msg.pid, "remote": msg.remote})

@@ -12,6 +12,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -110,10 +112,10 @@ def test_compose_cpu_profile_on_a_real_engine(images: None) -> None:
                        check=True, capture_output=True, timeout=120)
         de.wait_for(lambda: "sampler-outside" in ledger_senders(metrics()), 300, "the outside sampler's rows")
 
-        # crash-only: SIGKILL the critic-learner's main process; compose restarts it, it registers again
+        # crash-only: SIGKILL the critic-learner's main process (from the host: `docker kill` would count
+        # as a manual stop, which no restart policy restarts); compose restarts it, it registers again
         victim = next(c for c in de.containers(all_states=False) if de.service_of(c) == "critic_learner_cpu")
-        subprocess.run(["docker", "kill", "--signal", "KILL", victim["Id"]], check=True, capture_output=True,
-                       timeout=60)
+        os.kill(victim["State"]["Pid"], signal.SIGKILL)
         de.wait_for(lambda: services_json().get("critic_learner", {}).get("restarts", 0) >= 1
                     and services_json()["critic_learner"]["state"] == "running", 300, "the critic-learner back")
         restarted = json.loads(de.sh("docker", "inspect", victim["Id"]).stdout)[0]
@@ -125,8 +127,10 @@ def test_compose_cpu_profile_on_a_real_engine(images: None) -> None:
         listing = de.sh("docker", "run", "--rm", "-v", f"{de.PROJECT}_runs:/v:ro", "--entrypoint", "ls",
                         de.CPU_IMAGE, f"/v/{RUN}/checkpoints").stdout.split()
         assert {"best.pt", "latest.pt"} <= set(listing), listing
-        rows = metrics()
-        assert [r for r in rows if r["kind"] == "event" and r.get("event") == "video"], "no video recorded"
+        # the image holds libosmesa6: the evaluator films (in the background, at low priority)
+        events = lambda: [r.get("event") for r in metrics() if r["kind"] == "event"]  # noqa: E731
+        de.wait_for(lambda: "video" in events(), 600, "an evaluation video")
+        assert "video_unavailable" not in events()
         assert all_healthy()
     except BaseException:
         logs = de.compose("logs", "--tail", "40", env=COMPOSE_ENV, check=False)

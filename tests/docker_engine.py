@@ -16,27 +16,18 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench import engine
+from bench.engine import BARE_IMAGE, CPU_IMAGE, GL_IMAGE, ROOT, compose_command, sh, wait_for
+
+__all__ = ["BARE_IMAGE", "CPU_IMAGE", "GL_IMAGE", "sh", "wait_for"]
+
 ENABLE = "SPREEZE_REAL_PATHS"  # 1: build images and run containers on the local engine (.ci/run sets it)
-BARE_IMAGE = "spreeze-base:bookworm"  # Debian bookworm, python3 and its venv module only
-GL_IMAGE = "spreeze-base:bookworm-gl"  # the same plus libosmesa6: the CPU image's base
-CPU_IMAGE = "spreeze-cpu:latest"
 PROJECT = "spreezeci"  # compose project of the tests: its containers, networks and volumes carry this name
 SOURCE_IGNORE = shutil.ignore_patterns(".git", ".venv", "runs", "__pycache__", ".pytest_cache", ".hypothesis",
-                                       "*.egg-info", "*.whl")
-
-
-def sh(*argv: str, timeout: float = 600, env: dict[str, str] | None = None, check: bool = True,
-       cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, cwd=cwd,
-                          env={**os.environ, **(env or {})})
-    if check and done.returncode != 0:
-        raise AssertionError(f"{' '.join(argv)} exited {done.returncode}\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}")
-    return done
+                                       "*.egg-info", "*.whl", "keys")
 
 
 def ready() -> str:
@@ -52,26 +43,13 @@ def ready() -> str:
     return ""
 
 
-def compose_command() -> list[str] | None:
-    """`docker compose` (v2) where the plugin is installed, else Debian's `docker-compose` (1.29)."""
-    if subprocess.run(["docker", "compose", "version"], capture_output=True, timeout=60).returncode == 0:
-        return ["docker", "compose"]
-    exe = shutil.which("docker-compose")
-    return [exe] if exe else None
-
-
 def images() -> None:
-    """Base images, wheelhouse and the CPU image, as README "Building offline" says (each cached)."""
-    sh("bash", "docker/base.sh", timeout=1200)
-    sh("bash", "docker/wheelhouse.sh", timeout=1200, env={"PYTHON": sys.executable, "TORCH_INDEX": ""})
-    compose("build", "supervisor", env={"SPREEZE_BASE_IMAGE": GL_IMAGE}, timeout=1800)
+    engine.images(PROJECT)
 
 
 def compose(*args: str, env: dict[str, str] | None = None, timeout: float = 600,
             check: bool = True) -> subprocess.CompletedProcess[str]:
-    command = compose_command()
-    assert command is not None
-    return sh(*command, "-p", PROJECT, *args, env=env, timeout=timeout, check=check)
+    return engine.compose(PROJECT, *args, env=env, timeout=timeout, check=check)
 
 
 def pip_passthrough() -> list[str]:
@@ -136,17 +114,5 @@ def service_of(container: dict[str, Any]) -> str:
 
 
 def read_volume_file(volume: str, path: str) -> str:
-    """A file of a named volume, read through a throw-away container ("" when missing)."""
-    done = sh("docker", "run", "--rm", "-v", f"{PROJECT}_{volume}:/v:ro", "--entrypoint", "cat", CPU_IMAGE,
-              f"/v/{path}", check=False, timeout=120)
-    return done.stdout if done.returncode == 0 else ""
-
-
-def wait_for(probe: Any, timeout: float, what: str, every: float = 2.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = probe()
-        if got:
-            return got
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+    """A file of one of the project's named volumes ("" when missing)."""
+    return engine.volume_file(f"{PROJECT}_{volume}", path)

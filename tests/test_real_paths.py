@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from bench.engine import jsonl
 from tests import docker_engine as de
 
 WHY_NOT = de.ready()
@@ -34,10 +35,6 @@ SHORT_RUN = ["--env", "HalfCheetah-v5", "--run-dir", "runs/bare", "--total-steps
 @pytest.fixture(scope="module")
 def images() -> None:
     de.images()
-
-
-def jsonl(text: str) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 @pytest.mark.timeout(1800)

@@ -33,7 +33,7 @@ from common.errors import ConfigError
 from proto.errors import SpreezeError
 from common.health import ENV_HEALTH, serve_health
 from common.service import ENV_KEYS
-from common.transport import Channel, make_ipc_dir, tcp_host, tcp_port
+from common.transport import Channel, bind_address, make_ipc_dir, tcp_host, tcp_port
 from proto.messages import Control, ControlReply, Error, Event, Heartbeat, Register, Welcome
 from proto.names import (ACTOR_LEARNER, CRITIC_LEARNER, EVALUATOR, LEARNER, LEARNER_ROLES, REPLAY, SAMPLER,
                          VISUALIZER)
@@ -187,7 +187,7 @@ class Supervisor:
             sock.setsockopt(zmq.RCVHWM, PROXY_HWM)
             sock.setsockopt(zmq.LINGER, 0)
             for endpoint in (self.endpoints[name], *self.tcp_also(name)):
-                sock.bind(endpoint)
+                sock.bind(bind_address(endpoint))
         poller = zmq.asyncio.Poller()
         poller.register(xsub, zmq.POLLIN)
         poller.register(xpub, zmq.POLLIN)

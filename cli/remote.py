@@ -60,7 +60,7 @@ def health_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_health(args: argparse.Namespace) -> int:
-    from common.health import ENV_HEALTH, probe
+    from common.health_probe import ENV_HEALTH, probe
 
     endpoint = args.endpoint or os.environ.get(ENV_HEALTH)
     if not endpoint:

@@ -31,7 +31,8 @@ from proto.codec import Encoder
 from common.config import Config, from_dict
 from common.curve_auth import CurveKeys, client_keys, server_keys, start_authenticator
 from common.errors import ConfigError, PeerError, TransportTimeout
-from common.health import ENV_HEALTH, serve_health
+from common.health import serve_health
+from common.health_probe import ENV_HEALTH
 from common.transport import Channel, tcp_host, transport_seconds
 from proto.messages import Control, ControlReply, Error, Heartbeat, Metrics, Register, Welcome
 

@@ -239,7 +239,7 @@ class Channel:
 
     def has_input(self) -> bool:
         """Whether a message is queued for this socket (nothing is read)."""
-        return bool(self.now.getsockopt(zmq.EVENTS) & zmq.POLLIN)
+        return bool(int(self.now.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
 
     def recv_nowait(self) -> tuple[bytes | None, Message] | None:
         """One queued message; None if it was bad (counted); raises zmq.Again if none is queued."""

@@ -161,7 +161,7 @@ def test_compose_services_as_local_processes_find_each_other_and_train(tmp_path:
     run = volumes["runs"] / "compose"
     try:
         procs.start(active["supervisor"])
-        wait_for(lambda: True if procs.healthy("supervisor-0") else None, 60)  # depends_on: service_healthy
+        wait_for(lambda: True if procs.healthy("supervisor-0") else None, 60)  # its control socket is up
         # samplers last, so that nothing trains (and the run cannot end) before the health checks
         for name, svc in active.items():
             if name not in ("supervisor", "sampler") and name not in missing:

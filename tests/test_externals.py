@@ -12,7 +12,8 @@ import zmq.asyncio
 
 from proto.codec import Encoder
 from common.errors import ConfigError
-from common.health import ask, probe, serve_health
+from common.health import serve_health
+from common.health_probe import probe
 from common.service import reachable
 from common.transport import Channel, tcp_port
 from proto.messages import Experience, Heartbeat, Register
@@ -121,11 +122,9 @@ def test_health_socket_answers_with_the_state(tmp_path: Path) -> None:
         ctx = zmq.asyncio.Context()
         task = asyncio.create_task(serve_health(ctx, endpoint, Encoder("svc"), lambda: state["now"]))
         try:
-            reply = await ask(endpoint, timeout=5)
-            assert reply.ok and reply.detail == "running"
+            assert await asyncio.to_thread(probe, endpoint, 5) == (True, "running")
             state["now"] = "stopping"
-            reply = await ask(endpoint, timeout=5)
-            assert not reply.ok and reply.detail == "stopping"
+            assert await asyncio.to_thread(probe, endpoint, 5) == (False, "stopping")
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)

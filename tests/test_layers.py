@@ -139,8 +139,19 @@ def test_no_import_cycles() -> None:
 def test_light_commands_import_no_torch(command: str) -> None:
     """The command line imports a command's module only when it runs: `spreeze health` (a
     container's health check) must not pay for torch, gymnasium or the run config."""
-    code = (f"import sys\nfrom cli.main import parser\nparser({command!r})\nimport common.health\n"
+    code = (f"import sys\nfrom cli.main import parser\nparser({command!r})\n"
             "heavy = sorted(m for m in ('torch', 'gymnasium', 'common.config') if m in sys.modules)\n"
             "print(heavy)\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_a_health_check_run_imports_nothing_heavy(tmp_path: Path) -> None:
+    """Docker runs `spreeze health` in every container every few seconds: the whole command,
+    run against a socket nobody answers, loads neither torch, gymnasium, asyncio nor the config."""
+    code = ("import sys\nfrom cli.main import main\n"
+            f"status = main(['health', 'ipc://{tmp_path}/nobody', '--timeout', '0.05'])\n"
+            "heavy = sorted(m for m in ('torch', 'gymnasium', 'asyncio', 'common.config') if m in sys.modules)\n"
+            "print(status, heavy)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "1 []", out.stdout + out.stderr

@@ -31,7 +31,8 @@ from common.config import TCP_OFFSETS, Config, to_dict, with_batch_size
 from common.curve_auth import CurveKeys, client_keys, server_keys, start_authenticator
 from common.errors import ConfigError
 from proto.errors import SpreezeError
-from common.health import ENV_HEALTH, serve_health
+from common.health import serve_health
+from common.health_probe import ENV_HEALTH
 from common.service import ENV_KEYS
 from common.transport import Channel, bind_address, make_ipc_dir, tcp_host, tcp_port
 from proto.messages import Control, ControlReply, Error, Event, Heartbeat, Register, Welcome

@@ -77,9 +77,12 @@ class Variant:
                      "the stack's containers gone")
             wait_for(lambda: not sh("docker", "network", "ls", "-q", "--filter",
                                     f"name={PROJECT}_").stdout.strip(), 120, "the stack's network gone")
-            sh("docker", "volume", "rm", self.volume, check=False)
         else:
             compose(PROJECT, *self.files, "down", "-v", env=self.env, check=False)
+        # a task's container may hold the volume a moment longer; the next run must start empty
+        wait_for(lambda: not sh("docker", "volume", "ls", "-q", "--filter", f"name={self.volume}").stdout.strip()
+                 or sh("docker", "volume", "rm", self.volume, check=False).returncode == 0, 120,
+                 f"the volume {self.volume} removed")
 
 
 def measure(variant: Variant, steps: int) -> dict[str, float]:

@@ -12,7 +12,7 @@ import torch
 from common.algorithms import TD3Config, make_parts
 from common.sparse import SparseConfig
 from common.sparse_stats import combined_flops_ratio
-from proto.messages import Metrics
+from proto.messages import EvalResult, Metrics
 from services.supervisor.progress import Progress
 
 pytestmark = pytest.mark.timeout(30)
@@ -47,6 +47,38 @@ def test_counts_hold_and_rates_stay_non_negative_when_services_leave(tmp_path: P
     assert p.summary()["env_steps"] == 400
     assert "steps 400/1,000 | updates 200 | sampling 0 Hz" in p.line()
     p.close()
+
+
+def evaluate(p: Progress, env_steps: int, ret: float) -> None:
+    p.take(EvalResult(actor_version=env_steps, env_steps=env_steps, updates=env_steps, return_mean=ret,
+                      return_std=1.0, length_mean=1000.0, episodes=5))
+
+
+def test_a_run_with_no_better_evaluation_for_a_long_stretch_says_so_with_knobs(tmp_path: Path) -> None:
+    p = Progress(tmp_path / "metrics.jsonl", total_steps=100_000, time_limit=0.0)
+    p.take(Metrics("replay", {"inserted": 60_000}))
+    for k, ret in enumerate([300.0, 450.0, 420.0, 400.0, 430.0, 410.0]):  # the best at 20k, then nothing better
+        evaluate(p, 10_000 * (k + 1), ret)
+    why = p.stall()
+    assert why is not None and "no evaluation better than 450 (at 20,000 env steps)" in why
+    assert "td3.hidden=[256,256]" in why and "replay.update_to_data" in why
+    assert p.line().endswith(" | stalled since 20k")
+    evaluate(p, 70_000, 900.0)  # it learns again
+    assert p.stall() is None and "stalled" not in p.line()
+    p.close()
+
+
+def test_a_short_or_improving_run_is_not_flagged(tmp_path: Path) -> None:
+    p = Progress(tmp_path / "metrics.jsonl", total_steps=1_000_000, time_limit=0.0)
+    for k in range(6):  # flat, but over 50k of a 1M budget: too short a stretch to tell
+        evaluate(p, 10_000 * (k + 1), 100.0 - k)
+    assert p.stall() is None
+    q = Progress(tmp_path / "q.jsonl", total_steps=10_000, time_limit=0.0)
+    for k in range(8):
+        evaluate(q, 1_000 * (k + 1), 100.0 * k)  # improving
+    assert q.stall() is None
+    p.close()
+    q.close()
 
 
 def test_fused_line_shows_sparsity_and_weighted_flops(tmp_path: Path) -> None:

@@ -380,9 +380,14 @@ class Supervisor:
         self.control.send_nowait(Control(command, self.next_request, key, value), to=service_id.encode())
 
     async def progress_loop(self) -> None:
+        stalled = False  # announced once: the line keeps saying it
         while True:
             await asyncio.sleep(self.cfg.supervisor.progress_every)
             self.say(self.progress.line())
+            why = self.progress.stall()
+            if why is not None and not stalled:
+                self.emit("stalled", why, {"notify": True})
+            stalled = why is not None
 
     # ------------------------------------------------------------------ the tuning loop's host
     async def announce_plan(self) -> None:

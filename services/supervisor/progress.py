@@ -12,6 +12,12 @@ from proto.messages import EvalResult, Event, Message, Metrics
 from proto.names import LEARNER_ROLES
 
 
+STALL_SHARE = 0.25  # no better evaluation for this share of the step budget ...
+STALL_EVALS = 4  # ... over at least this many evaluations: the run is flagged as not learning
+STALL_KNOBS = ("try a larger network (td3.hidden=[256,256] or sac.hidden=[256,256]), a longer random warm-up "
+               "(sampler.warmup_steps), a lower update-to-data ratio (replay.update_to_data=0.5), or another seed")
+
+
 class Progress:
     """Keeps the newest metrics per service and writes every record to metrics.jsonl."""
 
@@ -104,6 +110,19 @@ class Progress:
             left.append(max(self.time_limit - self.elapsed, 0.0))
         return min(left) if left else None
 
+    def stall(self) -> str | None:
+        """Why the run looks stuck (no better evaluation for a long stretch), with knobs to try;
+        None while it improves or has too few evaluations to tell."""
+        if len(self.evals) <= STALL_EVALS:
+            return None
+        best_at = max(range(len(self.evals)), key=lambda i: self.evals[i].return_mean)
+        best, last = self.evals[best_at], self.evals[-1]
+        stretch = last.env_steps - best.env_steps
+        if len(self.evals) - 1 - best_at < STALL_EVALS or stretch < STALL_SHARE * self.total_steps:
+            return None
+        return (f"not learning: no evaluation better than {best.return_mean:.0f} (at {best.env_steps:,} env steps) "
+                f"in the {stretch:,} env steps since; {STALL_KNOBS}")
+
     def line(self) -> str:
         s = self.summary()
         self.record("progress", s)
@@ -112,7 +131,14 @@ class Progress:
         return (f"[{s['elapsed']:6.0f}s] steps {s['env_steps']:,}/{self.total_steps:,} | "
                 f"updates {s['updates']:,} | sampling {s['sampling_hz']:,.0f} Hz | "
                 f"update {s['update_frame_rate'] / 1000:,.1f}k fr/s | utd {s['update_to_data']:.2f} | "
-                f"eval {ev} | left {rem}{self.sparse_part()}")
+                f"eval {ev} | left {rem}{self.sparse_part()}{self.stall_part()}")
+
+    def stall_part(self) -> str:
+        """`` | stalled since 20k`` while `stall()` says the run is not learning, else ``""``."""
+        if self.stall() is None:
+            return ""
+        best = max(self.evals, key=lambda e: e.return_mean)
+        return f" | stalled since {best.env_steps / 1000:.0f}k"
 
     def learner_values(self) -> dict[str, Any]:
         """The learners' newest metrics merged (split mode: actor- and critic-learner)."""

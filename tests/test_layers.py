@@ -144,3 +144,21 @@ def test_light_commands_import_no_torch(command: str) -> None:
             "print(heavy)\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+EXAMPLE_IMPORTS = {"gymnasium", "msgpack", "numpy", "zmq"}  # what an outside implementation may need
+
+
+def test_examples_import_nothing_of_the_project() -> None:
+    """examples/ show what a third party writes from proto/SPEC.md alone: the standard library
+    and pyzmq, msgpack, numpy, gymnasium, nothing of Spreeze (and at most 200 lines)."""
+    for path in sorted((ROOT / "examples").glob("*.py")):
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                found |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                found.add((node.module or ".").split(".")[0])
+        outside = found - EXAMPLE_IMPORTS - set(sys.stdlib_module_names)
+        assert not outside, f"{path.name} imports {sorted(outside)}"
+        assert len(path.read_text().splitlines()) <= 200, path.name

@@ -135,7 +135,7 @@ def test_no_import_cycles() -> None:
     assert cycles(GRAPH) == []
 
 
-@pytest.mark.parametrize("command", ["health", "keys", "sampler"])
+@pytest.mark.parametrize("command", ["health", "keys", "sampler", "conformance"])
 def test_light_commands_import_no_torch(command: str) -> None:
     """The command line imports a command's module only when it runs: `spreeze health` (a
     container's health check) must not pay for torch, gymnasium or the run config."""

@@ -18,8 +18,9 @@ highest batch number stored per session (`stored`), and the highest one inside a
 complete snapshot (`durable`), which the sampler needs to forget batches.
 
 Warm-up: replay hands out the run's `sampler.warmup_steps` random env steps as grants
-(`granted`, cumulative per session, sent in every ack as `warmup`), at most WARMUP_LEASE
-unused at a time per session, so the run as a whole takes exactly that many random
+(`granted`, cumulative per session, sent in every ack as `warmup`), at most
+max(WARMUP_LEASE, (ack_window + 1) x its latest batch's rows) unused at a time per session
+(so that a sampler with large batches keeps its window full), so the run as a whole takes exactly that many random
 steps whatever mix of samplers it has. When a sender starts a new session (a restart),
 what its older sessions were granted and did not use goes back to the pool.
 """
@@ -34,7 +35,7 @@ import numpy as np
 
 MAX_SENDERS = 65_535  # owner ids are uint16; 0 is "nobody"
 LEDGER_KEYS = ("inserted", "stored", "evicted", "rejected", "duplicates", "random")
-WARMUP_LEASE = 1024  # random env steps a session may hold unused: a few batches' worth, small next to a warm-up
+WARMUP_LEASE = 1024  # least random env steps a session may hold unused: a few batches, small next to a warm-up
 
 
 @dataclass
@@ -81,13 +82,13 @@ class Ledger:
         s.peer = peer
         return s
 
-    def grant(self, s: Session, warmup_steps: int) -> int:
-        """Top the session's unused random steps up to WARMUP_LEASE from what is left of the
-        run's warm-up; its cumulative grant (the ack's `warmup`)."""
+    def grant(self, s: Session, warmup_steps: int, lease: int = WARMUP_LEASE) -> int:
+        """Top the session's unused random steps up to `lease` from what is left of the run's
+        warm-up; its cumulative grant (the ack's `warmup`)."""
         unused = max(s.granted - s.random, 0)
         left = warmup_steps - self.warmup_granted
-        if left > 0 and unused < WARMUP_LEASE // 2:
-            more = min(WARMUP_LEASE - unused, left)
+        if left > 0 and unused < lease // 2:
+            more = min(lease - unused, left)
             s.granted += more
             self.warmup_granted += more
         return s.granted

@@ -47,7 +47,7 @@ from common.transport import Channel
 from proto.codec import Envelope
 from proto.errors import ProtocolError
 from proto.messages import Error, Experience, ExperienceAck, SampledBatch, SampleRequest
-from services.replay.ledger import Ledger, Session
+from services.replay.ledger import WARMUP_LEASE, Ledger, Session
 from services.replay.snapshot import SnapshotWriter, load_latest
 
 log = logging.getLogger(__name__)
@@ -260,7 +260,7 @@ class Replay(Service):
                 self.exp.reply_error(peer, Error("rejected", why[:500], Experience.TYPE, seq))
             s.stored, s.env_steps = msg.batch or s.stored, msg.env_steps
             self.ledger.took_random(sender, s, msg.random_rows)
-        self.ack(s, msg.batch, status)
+        self.ack(s, msg.batch, status, len(msg.transitions))
         return status
 
     def order(self, s: Session, sender: str, batch: int, rows: int) -> str:
@@ -291,11 +291,12 @@ class Replay(Service):
                 s.env_steps = env.body["env_steps"]
         self.ack(s, batch, status)
 
-    def ack(self, s: Session, batch: int, status: str) -> None:
+    def ack(self, s: Session, batch: int, status: str, rows: int = 0) -> None:
         if self.exp is None or not s.peer:
             return
         durable = s.durable if self.snapshots is not None else s.stored  # no snapshots: nothing more to wait for
-        warmup = s.granted if status == "snapshot" else self.ledger.grant(s, self.cfg.sampler.warmup_steps)
+        lease = max(WARMUP_LEASE, (self.cfg.sampler.ack_window + 1) * rows)  # a window of this sampler's batches
+        warmup = s.granted if status == "snapshot" else self.ledger.grant(s, self.cfg.sampler.warmup_steps, lease)
         self.exp.send_nowait(ExperienceAck(batch, status, s.stored, durable, warmup), to=s.peer)  # gone peer: dropped
 
     def insert(self, msg: Experience, sender: str) -> str | None:

@@ -36,7 +36,9 @@ async def throughput(ctx: zmq.asyncio.Context, endpoint: str, keys: str | None, 
     bound = pull.sock.getsockopt_string(zmq.LAST_ENDPOINT)
     push = Channel(ctx, "experience", bound, binding=False, encoder=Encoder("sampler"),
                    curve=client_keys(keys) if keys else None)
-    msg = Experience(np.random.default_rng(0).random((rows, 2 * OBS + ACT + 2), np.float32), OBS, ACT, rows)
+    m = np.random.default_rng(0).random((rows, 2 * OBS + ACT + 2), np.float32)
+    m[:, -1] = 0.0  # the done column: 0 or 1 (receivers refuse anything else)
+    msg = Experience(m, OBS, ACT, rows)
     await push.send(msg)
     await pull.recv(timeout=30)  # connected (and CURVE handshake done) before the clock starts
 

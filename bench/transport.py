@@ -153,6 +153,7 @@ def _sender_loop(conn: Connection, sock: zmq.Socket) -> None:
 def _send_until_stopped(conn: Connection, sock: zmq.Socket, path: str, batch: int) -> int:
     """Send until the parent says stop; the number of messages sent."""
     arr = np.random.default_rng(0).standard_normal((batch, WIDTH), dtype=np.float32)
+    arr[:, -1] = 0.0  # the done column: 0 or 1 (receivers refuse anything else)
     enc = Encoder("bench-sender")
     header = to_frames(Experience(arr, OBS_DIM, ACT_DIM, 0), enc)[0]
     send, sent = sock.send_multipart, 0

@@ -1,4 +1,4 @@
-"""The `spreeze` command line: train, eval, plot, bench, results, sampler, keys, health.
+"""The `spreeze` command line: train, eval, plot, bench, results, sampler, keys, health, conformance.
 
 One table names every command and the module that implements it; a command's module is
 imported only when that command runs, so `spreeze health` (a container's health check)
@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sampler": ("cli.remote", "attach a sampler to a running training (spreeze train --listen)"),
     "keys": ("cli.remote", "make CURVE server and client key pairs for tcp endpoints"),
     "health": ("cli.remote", "ask a service over its health socket; exit 0 when it answers healthy"),
+    "conformance": ("cli.conformance", "check a replay or sampler from outside against proto/SPEC.md"),
 }
 
 

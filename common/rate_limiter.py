@@ -176,6 +176,12 @@ class RateLimiter:
                 f"insert of {n} refused: error={self.error:.1f} > error_buffer={self._cfg.error_buffer}"
             )
 
+    def force_insert(self, n: int) -> None:
+        """Record an insert of n whether admitted or not: at a run's end replay stores what the
+        samplers still have in flight, and no learner samples any more (proto/SPEC.md §6)."""
+        _check_n(n)
+        self.inserts += int(n)
+
     def sample(self, n: int) -> None:
         """Record a sample of n; raise RateLimitedError (and count a stall) if refused."""
         if not self.try_sample(n):

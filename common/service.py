@@ -67,6 +67,7 @@ class Service:
         self.paused = False
         self.started = time.monotonic()
         self.supervisor_seen = time.monotonic()
+        self.channels: list[Channel] = [control]  # every socket of this service: their error counts go out as metrics
         self.metrics_out = self.channel("metrics_in", binding=False)
 
     # ------------------------------------------------------------ for subclasses
@@ -95,8 +96,18 @@ class Service:
         endpoint = self.endpoint(name)
         also = (self.tcp[name],) if binding and name in self.tcp and self.tcp[name] != endpoint else ()
         curve = self.curve(binding) if name in self.tcp else None
-        return Channel(self.ctx, role, endpoint, binding=binding, encoder=self.encoder, also=also,
-                       curve=curve, **kw)
+        ch = Channel(self.ctx, role, endpoint, binding=binding, encoder=self.encoder, also=also,
+                     curve=curve, **kw)
+        self.channels.append(ch)
+        return ch
+
+    def error_metrics(self) -> dict[str, int]:
+        """Refused messages by code and by sender over all of this service's sockets (SPEC §5)."""
+        out: dict[str, int] = {}
+        for ch in self.channels:
+            for key, n in ch.error_metrics().items():
+                out[key] = out.get(key, 0) + n
+        return out
 
     def curve(self, server: bool) -> CurveKeys | None:
         """Key pair for a tcp-facing socket (None in a run without keys); servers start the ZAP handler."""
@@ -113,8 +124,10 @@ class Service:
 
     def publish(self, values: dict[str, Any]) -> None:
         """Metrics are best effort: a full PUB queue drops them. Every record also carries the
-        process's CPU seconds and the seconds of it spent in transport (codec and sockets)."""
-        values = {**values, "cpu_s": time.process_time(), "transport_s": transport_seconds()}
+        process's CPU seconds, the seconds of it spent in transport (codec and sockets) and the
+        counts of refused messages (`errors/<code>`, `errors/<sender>/<code>`)."""
+        values = {**values, "cpu_s": time.process_time(), "transport_s": transport_seconds(),
+                  **self.error_metrics()}
         self.metrics_out.send_nowait(Metrics(service=self.service_id, values=values))
 
     @property

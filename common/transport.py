@@ -14,6 +14,7 @@ import os
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +22,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from proto.codec import DEFAULT_LIMITS, Encoder, Limits, decode
+from proto.codec import DEFAULT_LIMITS, Encoder, Envelope, Limits, decode
 from common.errors import ConfigError, TransportTimeout
 from proto.errors import ProtocolError
 from common.curve_auth import CurveKeys
@@ -142,7 +143,11 @@ class Channel:
         self.role, self.endpoint, self.encoder, self.limits = role, check_endpoint(endpoint), encoder, limits
         self.endpoints = (self.endpoint, *(check_endpoint(e) for e in also))
         self.is_router = spec.kind == zmq.ROUTER
-        self.errors: Counter[str] = Counter()
+        self.errors: Counter[str] = Counter()  # bad messages received, by error code
+        self.sender_errors: Counter[tuple[str, str]] = Counter()  # by (header sender or "?", code)
+        # called for a message whose header decoded but whose body was refused (after the
+        # `error` reply): replay answers an experience batch there too, with a `rejected` ack
+        self.on_refused: Callable[[bytes | None, Envelope, ProtocolError], None] | None = None
         # header of the last valid message parsed (sender id, session, sequence number)
         self.last_sender, self.last_session, self.last_seq = "", "", -1
         self.sock = ctx.socket(spec.kind)
@@ -264,22 +269,38 @@ class Channel:
             frames = frames[1:]
         elif self.sock.type == zmq.XPUB:  # subscription frames are handled by the owner
             return None
+        env = None
         try:
             env = decode(frames, self.limits)
             self.last_sender, self.last_session, self.last_seq = env.sender, env.session, env.seq
             return peer, from_envelope(env)
         except ProtocolError as exc:
-            self.errors[exc.code] += 1
-            log.warning("%s: dropped bad message%s: %s", self.role,
-                        f" from {peer!r}" if peer else "", exc)
+            if env is not None:  # the header was fine, the body was not
+                exc.ref_type, exc.ref_seq, exc.sender = env.type, env.seq, env.sender
+            self.count_error(exc.code, exc.sender, str(exc), peer)
             if peer is not None:
-                self._reply_error(peer, exc)
+                self.reply_error(peer, Error(exc.code, str(exc)[:500], exc.ref_type, exc.ref_seq))
+            if env is not None and self.on_refused is not None:
+                self.on_refused(peer, env, exc)
             return None
 
-    def _reply_error(self, peer: bytes, exc: ProtocolError) -> None:
-        frames = to_frames(Error(code=exc.code, detail=str(exc)[:500]), self.encoder)
+    def count_error(self, code: str, sender: str, detail: str, peer: bytes | None = None) -> None:
+        """Count a refused message by code and by sender (its header's, when readable), and log it."""
+        self.errors[code] += 1
+        self.sender_errors[(sender or "?", code)] += 1
+        who = f" from {sender!r}" if sender else f" from routing id {peer!r}" if peer else ""
+        log.warning("%s: refused a message%s (%s): %s", self.role, who, code, detail)
+
+    def error_metrics(self) -> dict[str, int]:
+        """`errors/<code>` and `errors/<sender>/<code>`: refused messages so far (SPEC §5)."""
+        out = {f"errors/{code}": n for code, n in self.errors.items()}
+        out.update({f"errors/{sender}/{code}": n for (sender, code), n in self.sender_errors.items()})
+        return out
+
+    def reply_error(self, peer: bytes, err: Error) -> None:
+        """Send an `error` to a ROUTER peer without blocking (a gone or slow peer: dropped)."""
         try:
-            self.now.send_multipart([peer, *frames], flags=zmq.NOBLOCK)
+            self.now.send_multipart([peer, *to_frames(err, self.encoder)], flags=zmq.NOBLOCK)
         except zmq.ZMQError:
             pass  # the peer is gone or slow; the error is counted and logged already
 

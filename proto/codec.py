@@ -16,7 +16,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from proto.errors import ArrayError, FramingError, HeaderError, LimitError, VersionError
+from proto.errors import ArrayError, FramingError, HeaderError, LimitError, ProtocolError, VersionError
 
 PROTOCOL_VERSION = 1  # major version; bumped only on incompatible changes (proto/SPEC.md)
 
@@ -139,6 +139,25 @@ def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> Envelope:
     if n > limits.max_frames:
         raise LimitError(f"{n} frames exceed max_frames={limits.max_frames}")
     head = _unpack_header(frames[0], limits)
+    try:
+        return _envelope(head, frames, limits)
+    except ProtocolError as exc:
+        raise _annotated(exc, head) from None
+
+
+def _annotated(exc: ProtocolError, head: dict[str, Any]) -> ProtocolError:
+    """`exc` with what the header says of the bad message (type, seq, sender), where readable."""
+    if type(head.get("type")) is str:
+        exc.ref_type = head["type"][:64]
+    if type(head.get("seq")) is int:
+        exc.ref_seq = head["seq"]
+    if type(head.get("sender")) is str:
+        exc.sender = head["sender"][:128]
+    return exc
+
+
+def _envelope(head: dict[str, Any], frames: Sequence[Any], limits: Limits) -> Envelope:
+    n = len(frames)
     descs = head["arrays"]
     if len(descs) != n - 1:
         raise FramingError(f"header describes {len(descs)} arrays but {n - 1} array frames arrived")
@@ -170,6 +189,14 @@ def _unpack_header(frame: Any, limits: Limits) -> dict[str, Any]:
         raise HeaderError(f"frame 0 is not a msgpack map: {type(exc).__name__}: {exc}") from None
     if not isinstance(head, dict):
         raise HeaderError(f"header is a msgpack {type(head).__name__}, not a map")
+    try:
+        _check_header(head, limits)
+    except ProtocolError as exc:
+        raise _annotated(exc, head) from None
+    return head
+
+
+def _check_header(head: dict[str, Any], limits: Limits) -> None:
     version = head.get("v")
     if version != PROTOCOL_VERSION or type(version) is not int:  # 1.0 and True are not 1
         raise VersionError(f"protocol version {version!r:.40} != supported {PROTOCOL_VERSION}")
@@ -179,7 +206,6 @@ def _unpack_header(frame: Any, limits: Limits) -> dict[str, Any]:
             or type(head.get("body")) is not dict):
         _check_types(head)  # the slow path names the bad field
     _check_tree(head["body"], limits.max_depth)
-    return head
 
 
 _HEADER_TYPES: tuple[tuple[str, frozenset[type]], ...] = (

@@ -14,9 +14,17 @@ class SpreezeError(Exception):
 
 
 class ProtocolError(SpreezeError, ValueError):
-    """A received message violates the wire protocol (proto/SPEC.md)."""
+    """A received message violates the wire protocol (proto/SPEC.md).
+
+    `ref_type`, `ref_seq` and `sender` are what could be read of the bad message's header
+    (its `type`, `seq` and `sender`; "" and -1 when unreadable): the `error` reply carries
+    the first two (SPEC §4.13), logs and per-sender counters the third.
+    """
 
     code = "protocol"
+    ref_type: str = ""
+    ref_seq: int = -1
+    sender: str = ""
 
 
 class FramingError(ProtocolError):

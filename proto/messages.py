@@ -18,7 +18,7 @@ import numpy as np
 from proto.codec import Encoder, Envelope
 from proto.errors import SchemaError, UnknownTypeError
 
-SPEC_VERSION = "1.3"  # proto/SPEC.md document version; wire major version is codec.PROTOCOL_VERSION
+SPEC_VERSION = "1.4"  # proto/SPEC.md document version; wire major version is codec.PROTOCOL_VERSION
 
 ArrayMap = dict[str, np.ndarray]
 
@@ -94,11 +94,27 @@ class Experience(Message):
     episode_returns: list[float] = field(default_factory=list)  # episodes finished in this batch
     episode_lengths: list[int] = field(default_factory=list)
     batch: int = 0  # per-session batch number, 1, 2, ... (0: not numbered, never deduplicated)
+    random_steps: int = -1  # rows whose actions were uniformly random (-1: all if actor_version == -1, else none)
 
     def check(self) -> None:
         _check_transitions(self)
         if self.batch < 0:
             raise SchemaError(f"experience.batch={self.batch} must be >= 0")
+        n = len(self.transitions)
+        if not -1 <= self.random_steps <= n:
+            raise SchemaError(f"experience.random_steps={self.random_steps} must be in 0..{n} (rows of the batch)")
+        done = self.transitions[:, -1]
+        bad = np.flatnonzero((done != 0.0) & (done != 1.0))
+        if len(bad):
+            raise SchemaError(f"experience: done={float(done[bad[0]])!r} in row {int(bad[0])} must be 0.0 or 1.0 "
+                              f"({len(bad)} rows)")
+
+    @property
+    def random_rows(self) -> int:
+        """Rows acted uniformly at random (warm-up), `random_steps` or its default."""
+        if self.random_steps >= 0:
+            return self.random_steps
+        return len(self.transitions) if self.actor_version == -1 else 0
 
 
 ACK_STATUSES = frozenset({"stored", "duplicate", "rejected", "gap", "snapshot"})
@@ -118,6 +134,7 @@ class ExperienceAck(Message):
     status: str  # stored | duplicate | rejected | gap | snapshot
     stored: int  # highest batch of this session stored (or rejected), all lower ones too
     durable: int  # highest batch of this session in a complete snapshot
+    warmup: int = 0  # random env steps this session may take in all (granted by replay, never decreases)
 
     def check(self) -> None:
         if self.status not in ACK_STATUSES:

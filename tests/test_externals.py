@@ -4,6 +4,7 @@ did not start, the health socket, sockets on several endpoints, tcp endpoint map
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +41,8 @@ def test_registry_join_beat_gone_back_and_rejoin() -> None:
     again = reg.join("sampler-h-1", Register("sampler", 2, "h", "sampler-h-1", remote=True), now=30.0)
     assert again.joins == 2 and again.pid == 2
     row = reg.rows()["sampler-h-1"]
+    # unix time of its last heartbeat, as for the services the supervisor started
+    assert row.pop("last_heartbeat") == pytest.approx(time.time() - (time.monotonic() - 30.0), abs=1.0)
     assert row == {"role": "sampler", "pid": 2, "host": "h", "state": "running", "restarts": 1,
                    "external": True, "remote": True}
     reg.beat("sampler-h-1", Heartbeat("sampler-h-1", "stopped"), now=31.0)
@@ -49,6 +52,7 @@ def test_registry_join_beat_gone_back_and_rejoin() -> None:
 @pytest.mark.parametrize("msg, named", [
     (Register("miner", 1, "h", "x"), "'miner'"),
     (Register("replay", 1, "h", "x", remote=True), "'replay'"),
+    (Register("sampler", 1, "h", "sampler-7"), "'sampler-7' differs from the DEALER identity 'x'"),
 ])
 def test_registry_refuses_by_name(msg: Register, named: str) -> None:
     with pytest.raises(ConfigError, match=named):

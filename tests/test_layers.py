@@ -135,7 +135,7 @@ def test_no_import_cycles() -> None:
     assert cycles(GRAPH) == []
 
 
-@pytest.mark.parametrize("command", ["health", "keys", "sampler"])
+@pytest.mark.parametrize("command", ["health", "keys", "sampler", "conformance"])
 def test_light_commands_import_no_torch(command: str) -> None:
     """The command line imports a command's module only when it runs: `spreeze health` (a
     container's health check) must not pay for torch, gymnasium or the run config."""
@@ -155,3 +155,21 @@ def test_a_health_check_run_imports_nothing_heavy(tmp_path: Path) -> None:
             "print(status, heavy)\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "1 []", out.stdout + out.stderr
+
+
+EXAMPLE_IMPORTS = {"gymnasium", "msgpack", "numpy", "zmq"}  # what an outside implementation may need
+
+
+def test_examples_import_nothing_of_the_project() -> None:
+    """examples/ show what a third party writes from proto/SPEC.md alone: the standard library
+    and pyzmq, msgpack, numpy, gymnasium, nothing of Spreeze (and at most 200 lines)."""
+    for path in sorted((ROOT / "examples").glob("*.py")):
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                found |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                found.add((node.module or ".").split(".")[0])
+        outside = found - EXAMPLE_IMPORTS - set(sys.stdlib_module_names)
+        assert not outside, f"{path.name} imports {sorted(outside)}"
+        assert len(path.read_text().splitlines()) <= 200, path.name

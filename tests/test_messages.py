@@ -26,7 +26,9 @@ RNG = np.random.default_rng(0)
 
 
 def transitions(n: int) -> np.ndarray:
-    return RNG.standard_normal((n, LAYOUT.width), dtype=np.float32)
+    m = RNG.standard_normal((n, LAYOUT.width), dtype=np.float32)
+    LAYOUT.columns(m)["done"][:] = RNG.integers(0, 2, n)  # done is 0 or 1
+    return m
 
 
 def sparse(shape: tuple[int, ...], density: float) -> tuple[np.ndarray, np.ndarray]:
@@ -244,3 +246,23 @@ def test_unknown_body_fields_and_arrays_are_ignored() -> None:
     env = env_of(SampleRequest(1, 2), future_knob=3)
     env.arrays["future/array"] = np.zeros(1)
     assert from_envelope(env) == SampleRequest(1, 2)
+
+
+@pytest.mark.parametrize("value", [2.0, 0.5, -1.0, np.nan])
+def test_done_other_than_zero_or_one_is_refused_by_value(value: float) -> None:
+    m = np.zeros((4, 2 * OBS + ACT + 2), np.float32)
+    m[1:, -1] = 1.0
+    m[2, -1] = value
+    with pytest.raises(SchemaError, match=rf"done={value!r} in row 2"):
+        from_envelope(decode(as_bytes(to_frames(Experience(m, OBS, ACT, 4), Encoder("s")))))
+
+
+@pytest.mark.parametrize("random_steps, actor_version, rows", [(-1, -1, 4), (-1, 3, 0), (2, 3, 2), (4, -1, 4)])
+def test_random_steps_default_and_range(random_steps: int, actor_version: int, rows: int) -> None:
+    m = np.zeros((4, 2 * OBS + ACT + 2), np.float32)
+    msg = from_envelope(decode(as_bytes(to_frames(Experience(m, OBS, ACT, 4, actor_version,
+                                                             random_steps=random_steps), Encoder("s")))))
+    assert isinstance(msg, Experience) and msg.random_rows == rows
+    for bad in (5, -2):
+        with pytest.raises(SchemaError, match=f"random_steps={bad} must be in 0..4"):
+            from_envelope(decode(as_bytes(to_frames(Experience(m, OBS, ACT, 4, random_steps=bad), Encoder("s")))))

@@ -78,6 +78,7 @@ async def _good_sampler(endpoint: str, n: int, batch: int) -> None:
     try:
         for i in range(1, n + 1):
             m = np.full((batch, WIDTH), i, np.float32)
+            m[:, -1] = 0.0  # done: 0 or 1 only
             await ch.send(Experience(m, OBS, ACT, env_steps=i * batch))
             await asyncio.sleep(0.002)  # spread out, so good and bad messages interleave
     finally:
@@ -208,11 +209,49 @@ def test_bad_peer_does_not_stop_good_peer(ipc_dir: str) -> None:
         msgs = [m for _, m in got]
         assert all(isinstance(m, Experience) for m in msgs)
         assert [m.env_steps for m in msgs] == [i * batch for i in range(1, n + 1)]  # type: ignore[attr-defined]
-        assert all((m.transitions == i).all() for i, m in enumerate(msgs, 1))  # type: ignore[attr-defined]
+        assert all((m.transitions[:, :-1] == i).all() for i, m in enumerate(msgs, 1))  # type: ignore[attr-defined]
         want: dict[str, int] = {}
         for code, _ in bad:
             want[code] = want.get(code, 0) + 1
         assert dict(pull.errors) == want
+        # counted per sender too: by the header's sender where it could be read, "?" where not
+        assert dict(pull.sender_errors) == {("?", "header"): 5, ("bad", "version"): 5, ("bad", "array"): 5}
+        assert pull.error_metrics()["errors/bad/version"] == 5 and pull.error_metrics()["errors/header"] == 5
+    asyncio.run(main())
+
+
+@pytest.mark.timeout(20)
+def test_error_replies_name_the_refused_message_whenever_its_header_is_readable(ipc_dir: str) -> None:
+    """`ref_type` and `ref_seq` come from the bad message's header whenever it decodes that far
+    (a wrong version, a bad array, a bad body); "" and -1 only when frame 0 is not a map."""
+    async def main() -> None:
+        ctx = zmq.asyncio.Context()
+        router = Channel(ctx, "sample", ipc_endpoint(ipc_dir, "r"), binding=True, encoder=Encoder("replay"))
+        rogue = ctx.socket(zmq.DEALER)
+        rogue.connect(router.endpoint)
+        head = {"v": PROTOCOL_VERSION, "type": "sample_request", "sender": "rogue", "session": "s", "seq": 7,
+                "ts": 0.0, "arrays": [], "body": {"request_id": 3, "batch_size": 4}}
+        cases = [([b"\xc1"], "header", "", -1),
+                 ([msgpack.packb({**head, "v": 2})], "version", "sample_request", 7),
+                 ([msgpack.packb({**head, "seq": 8, "arrays": [["x", "float128", [1]]]}), b"12345678"],
+                  "array", "sample_request", 8),
+                 ([msgpack.packb({**head, "seq": 9, "body": {"request_id": 3, "batch_size": 0}})],
+                  "schema", "sample_request", 9),
+                 ([msgpack.packb({**head, "seq": 10, "body": {"request_id": "three", "batch_size": 4}})],
+                  "schema", "sample_request", 10)]
+        try:
+            for frames, code, ref_type, ref_seq in cases:
+                await rogue.send_multipart(frames)
+                with pytest.raises(TransportTimeout):
+                    await router.recv(timeout=0.2)
+                assert await rogue.poll(5000)
+                reply = from_envelope(decode(await rogue.recv_multipart(copy=False)))
+                assert isinstance(reply, Error), reply
+                assert (reply.code, reply.ref_type, reply.ref_seq) == (code, ref_type, ref_seq), reply
+            assert router.sender_errors[("rogue", "schema")] == 2 and router.sender_errors[("?", "header")] == 1
+        finally:
+            rogue.close(linger=0)
+            ctx.destroy(linger=0)
     asyncio.run(main())
 
 

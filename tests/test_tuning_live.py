@@ -96,19 +96,18 @@ async def drive(sup: Supervisor, seen: dict[str, Any]) -> None:
     assert "sampler-1" not in sup.children and not sup.retiring
 
 
-def test_a_sampler_joining_after_the_warm_up_skips_it(tmp_path: Path) -> None:
+def test_a_sampler_joining_late_gets_the_runs_config(tmp_path: Path) -> None:
+    """No per-process warm-up share any more: every role's welcome carries the run's config,
+    before and after the warm-up; replay grants random steps in its acks (SPEC §6)."""
     from proto.messages import Metrics
-    from services.supervisor.processes import Child, ServiceSpec
     from services.supervisor.progress import Progress
 
     sup = Supervisor(config(tmp_path, "sampler.warmup_steps=1000", "sampler.num_samplers=2"), quiet=True)
     sup.progress = Progress(tmp_path / "metrics.jsonl", 10_000, 0.0)
-    sampler, replay = Child(ServiceSpec("sampler-5", "sampler", "services.sampler")), sup.children["replay"]
-    sup.progress.take(Metrics("replay", {"inserted": 400}))
-    assert sup.welcome_config(sampler.spec.role)["sampler"]["warmup_steps"] == 1000  # its share: 1000 // 2
-    sup.progress.take(Metrics("replay", {"inserted": 1000}))
-    assert sup.welcome_config(sampler.spec.role)["sampler"]["warmup_steps"] == 0
-    assert sup.welcome_config(replay.spec.role)["sampler"]["warmup_steps"] == 1000  # other roles see the run's config
+    for inserted in (400, 1000):
+        sup.progress.take(Metrics("replay", {"inserted": inserted}))
+        for role in ("sampler", "replay"):
+            assert sup.welcome_config(role)["sampler"]["warmup_steps"] == 1000
     sup.progress.close()
     shutil.rmtree(sup.sock_dir)  # made by the constructor; run() would remove it
 

@@ -7,6 +7,17 @@ recognised as a re-sent duplicate: see ledger.py). Requests that the limiter ref
 wait in a queue and are answered, oldest first, as soon as inserts allow; each learner
 keeps several requests in flight, which is the prefetch.
 
+Bad experience: a batch whose body is refused (SPEC §5 step 9: a row width that disagrees
+with obs_dim/act_dim, a `done` other than 0/1) or that does not fit this replay (another
+env's dimensions, NaN/inf) gets an `error` naming why and, when its batch number can be
+read, a `rejected` ack that uses the number up, so the sampler moves on.
+
+End of a run: the supervisor sends `set drain true` before it stops the samplers; from then
+on every batch is stored, rate limiter notwithstanding (no learner samples any more), and
+close() takes whatever is still queued before the final snapshot. Warm-up steps are
+granted to sampler sessions in the acks (ledger.py), so the run takes exactly
+`sampler.warmup_steps` random steps in all.
+
 Persistence (snapshot.py): at start the newest complete snapshot in RUN_DIR/replay is
 restored; every replay.snapshot_every_s a new one is written in chunks between polls,
 and a last one on shutdown. After each snapshot the samplers hear which of their
@@ -33,8 +44,10 @@ from common.rate_limiter import RateLimiter, RateLimiterConfig
 from common.replay_buffer import ReplayBuffer, ReplayInputError
 from common.service import Service
 from common.transport import Channel
+from proto.codec import Envelope
+from proto.errors import ProtocolError
 from proto.messages import Error, Experience, ExperienceAck, SampledBatch, SampleRequest
-from services.replay.ledger import Ledger, Session
+from services.replay.ledger import WARMUP_LEASE, Ledger, Session
 from services.replay.snapshot import SnapshotWriter, load_latest
 
 log = logging.getLogger(__name__)
@@ -69,7 +82,7 @@ class Replay(Service):
                                    reject_non_finite=self.cfg.replay.reject_non_finite)
         self.limiter = RateLimiter(limiter_config(self.cfg))
         self.ledger = Ledger(self.cfg.replay.capacity)
-        self.pending: deque[tuple[bytes, SampleRequest]] = deque()
+        self.pending: deque[tuple[bytes, str, int, SampleRequest]] = deque()  # (peer, sender, header seq, request)
         self.rejected = 0
         self.stall_s = {"insert": 0.0, "sample": 0.0}
         self.snapshot_dir = Path(self.cfg.run_dir) / "replay"
@@ -77,15 +90,23 @@ class Replay(Service):
         self.snap_stats = {"snapshots": 0, "snapshot_s": 0.0, "snapshot_copy_max_s": 0.0, "restored_rows": 0}
         self.exp: Channel | None = None
         self.ready = False  # restored (or found nothing to restore) and serving
+        self.draining = False  # the run is ending: store every batch, rate limiter notwithstanding
         self.last_snapshot = time.monotonic()
 
     def counters(self) -> dict[str, Any]:
         return {"size": self.buffer.size, "inserted": self.limiter.inserts}
 
     def set_param(self, key: str, value: Any) -> None:
-        """`batch_size`: the learners' new batch size; the rate limiter's samples per insert follow."""
+        """`batch_size`: the learners' new batch size; the rate limiter's samples per insert follow.
+        `drain` (true): the run is ending; store every batch from now on, limiter notwithstanding."""
+        if key == "drain":
+            if value is not True:
+                raise ConfigError(f"replay: drain={value!r} must be true")
+            self.draining = True
+            log.info("draining: every experience batch is stored from now on, rate limiter notwithstanding")
+            return
         if key != "batch_size":
-            raise ConfigError(f"replay: cannot set {key}={value!r} (settable: batch_size)")
+            raise ConfigError(f"replay: cannot set {key}={value!r} (settable: batch_size, drain)")
         self.cfg = with_batch_size(self.cfg, value, self.ROLE)
         self.limiter.reconfigure(limiter_config(self.cfg))
 
@@ -142,7 +163,17 @@ class Replay(Service):
                 self.ack(session, 0, "snapshot")
 
     async def close(self) -> None:
-        """The final snapshot (samplers were stopped first, so it holds everything acknowledged)."""
+        """Store what is still queued, then the final snapshot (samplers were stopped first, so it
+        holds everything they made), then the final metrics with the ledger."""
+        if self.exp is not None:
+            self.draining = True
+            for _ in range(1000):  # bounded: a peer that keeps sending must not keep replay alive
+                if self.take_experience(self.exp) < DRAIN_MAX:
+                    break
+        await self.final_snapshot()
+        self.report()
+
+    async def final_snapshot(self) -> None:
         snaps = self.snapshots
         if snaps is None or not self.ready:  # stopped while restoring: the ring is not whole yet
             return
@@ -164,12 +195,13 @@ class Replay(Service):
         self.ready = True
         self.last_snapshot = time.monotonic()
         exp = self.exp = self.channel("experience", binding=True)
+        exp.on_refused = self.refused
         smp = self.channel("sample", binding=True)
         poller = zmq.asyncio.Poller()
         poller.register(smp.sock, zmq.POLLIN)
         last_metrics = time.monotonic()
         while self.running:
-            accepting = self.limiter.can_insert(1) and not self.paused
+            accepting = (self.draining or self.limiter.can_insert(1)) and not self.paused
             if accepting:
                 poller.register(exp.sock, zmq.POLLIN)
             t0 = time.monotonic()
@@ -201,46 +233,78 @@ class Replay(Service):
             except zmq.Again:
                 return
             if got is not None and isinstance(got[1], SampleRequest):
-                self.pending.append((got[0], got[1]))  # type: ignore[arg-type]
+                self.pending.append((got[0], smp.last_sender, smp.last_seq, got[1]))  # type: ignore[arg-type]
 
-    def take_experience(self, exp: Channel) -> None:
-        for _ in range(DRAIN_MAX):
-            if not self.limiter.can_insert(1):
-                return
+    def take_experience(self, exp: Channel) -> int:
+        """Read up to DRAIN_MAX queued messages (while the limiter admits, unless draining); how many."""
+        for taken in range(DRAIN_MAX):
+            if not (self.draining or self.limiter.can_insert(1)):
+                return taken
             try:
                 got = exp.recv_nowait()
             except zmq.Again:
-                return
+                return taken
             if got is not None and isinstance(got[1], Experience):
-                self.receive(got[1], exp.last_sender, exp.last_session, got[0])  # type: ignore[arg-type]
+                self.receive(got[1], exp.last_sender, exp.last_session, got[0], exp.last_seq)  # type: ignore[arg-type]
+        return DRAIN_MAX
 
-    def receive(self, msg: Experience, sender: str, session: str, peer: bytes) -> str:
+    def receive(self, msg: Experience, sender: str, session: str, peer: bytes, seq: int = -1) -> str:
         """Store a batch unless it is a re-sent duplicate or out of order; ack it either way."""
         s = self.ledger.session(sender, session, peer)
-        if msg.batch and msg.batch <= s.stored:
-            status = "duplicate"  # a re-send after a restart or a timeout: stored already
-            self.ledger.duplicate(sender, len(msg.transitions))
-        elif msg.batch > s.stored + 1:
-            status = "gap"  # an earlier batch was lost with a dead connection: the sampler goes back
-        else:
-            status = "stored" if self.insert(msg, sender) else "rejected"
+        status = self.order(s, sender, msg.batch, len(msg.transitions))
+        if status == "next":
+            why = self.insert(msg, sender)
+            status = "stored" if why is None else "rejected"
+            if why is not None and self.exp is not None and peer:
+                self.exp.count_error("rejected", sender, why)
+                self.exp.reply_error(peer, Error("rejected", why[:500], Experience.TYPE, seq))
             s.stored, s.env_steps = msg.batch or s.stored, msg.env_steps
-        self.ack(s, msg.batch, status)
+            self.ledger.took_random(sender, s, msg.random_rows)
+        self.ack(s, msg.batch, status, len(msg.transitions))
         return status
 
-    def ack(self, s: Session, batch: int, status: str) -> None:
+    def order(self, s: Session, sender: str, batch: int, rows: int) -> str:
+        """`duplicate`, `gap`, or `next` (this batch is the one to store) for a batch of a session."""
+        if batch and batch <= s.stored:
+            self.ledger.duplicate(sender, rows)
+            return "duplicate"  # a re-send after a restart or a timeout: stored already
+        if batch > s.stored + 1:
+            return "gap"  # an earlier batch was lost with a dead connection: the sampler goes back
+        return "next"
+
+    def refused(self, peer: bytes | None, env: Envelope, exc: ProtocolError) -> None:
+        """An experience batch whose body was refused (the `error` reply is sent): a `rejected`
+        ack uses its number up, so that the sampler moves on (SPEC §4.1a, §5)."""
+        batch = env.body.get("batch", 0)
+        if env.type != Experience.TYPE or not peer or type(batch) is not int or batch < 0:
+            return  # no batch number to answer: the error reply is all
+        arr = env.arrays.get("transitions")
+        rows = int(arr.shape[0]) if arr is not None and arr.ndim else 0
+        s = self.ledger.session(env.sender, env.session, peer)
+        status = self.order(s, env.sender, batch, rows)
+        if status == "next":
+            status = "rejected"
+            self.rejected += rows
+            self.ledger.rejected(env.sender, rows)
+            s.stored = batch or s.stored
+            if type(env.body.get("env_steps")) is int:
+                s.env_steps = env.body["env_steps"]
+        self.ack(s, batch, status)
+
+    def ack(self, s: Session, batch: int, status: str, rows: int = 0) -> None:
         if self.exp is None or not s.peer:
             return
         durable = s.durable if self.snapshots is not None else s.stored  # no snapshots: nothing more to wait for
-        self.exp.send_nowait(ExperienceAck(batch, status, s.stored, durable), to=s.peer)  # a gone peer: dropped
+        lease = max(WARMUP_LEASE, (self.cfg.sampler.ack_window + 1) * rows)  # a window of this sampler's batches
+        warmup = s.granted if status == "snapshot" else self.ledger.grant(s, self.cfg.sampler.warmup_steps, lease)
+        self.exp.send_nowait(ExperienceAck(batch, status, s.stored, durable, warmup), to=s.peer)  # gone peer: dropped
 
-    def insert(self, msg: Experience, sender: str) -> bool:
-        """Store a batch's rows (True), or reject the whole batch (False)."""
+    def insert(self, msg: Experience, sender: str) -> str | None:
+        """Store a batch's rows (None), or reject the whole batch (why, in words naming the value)."""
         n = len(msg.transitions)
         if (msg.obs_dim, msg.act_dim) != (self.layout.obs_dim, self.layout.act_dim):
-            self.reject(msg, sender, f"obs_dim={msg.obs_dim}, act_dim={msg.act_dim} but replay holds "
-                             f"{self.layout.obs_dim}, {self.layout.act_dim} ({self.cfg.env})")
-            return False
+            return self.reject(msg, sender, f"obs_dim={msg.obs_dim}, act_dim={msg.act_dim} but replay holds "
+                                    f"{self.layout.obs_dim}, {self.layout.act_dim} ({self.cfg.env})")
         if self.snapshots is not None:
             t0 = time.perf_counter()
             self.snapshots.before_insert(self.buffer, self.ledger.owner, n)
@@ -249,25 +313,27 @@ class Replay(Service):
         try:
             self.buffer.add_rows(msg.transitions)
         except ReplayInputError as exc:
-            self.reject(msg, sender, str(exc))
-            return False
+            return self.reject(msg, sender, str(exc))
         self.ledger.stored(sender, first, n, size)
         if n:
-            self.limiter.insert(n)
-        return True
+            (self.limiter.force_insert if self.draining else self.limiter.insert)(n)
+        return None
 
-    def reject(self, msg: Experience, sender: str, why: str) -> None:
+    def reject(self, msg: Experience, sender: str, why: str) -> str:
         self.rejected += len(msg.transitions)
         self.ledger.rejected(sender, len(msg.transitions))
-        log.warning("rejected %d transitions from %s: %s", len(msg.transitions), sender, why)
+        if self.exp is None:  # no socket to count it on (direct calls)
+            log.warning("rejected %d transitions from %s: %s", len(msg.transitions), sender, why)
+        return why
 
     async def answer(self, smp: Channel) -> None:
         while self.pending:
-            peer, req = self.pending[0]
+            peer, sender, seq, req = self.pending[0]
             if req.batch_size <= 0 or req.batch_size > self.cfg.replay.capacity:
                 self.pending.popleft()
-                await smp.send(Error("bad_request", f"batch_size={req.batch_size} is out of range",
-                                     req.TYPE, req.request_id), to=peer)
+                why = f"batch_size={req.batch_size} is out of range 1..{self.cfg.replay.capacity}"
+                smp.count_error("bad_request", sender, why)
+                await smp.send(Error("bad_request", why, req.TYPE, seq), to=peer)
                 continue
             if not self.limiter.can_sample(req.batch_size) or self.buffer.size == 0:
                 return
@@ -286,6 +352,8 @@ class Replay(Service):
             "rejected": self.rejected, "insert_stall_s": self.stall_s["insert"],
             "sample_stall_s": self.stall_s["sample"], "pending_requests": len(self.pending),
             "duplicates": sum(b["duplicates"] for b in self.ledger.books.values()),
+            "random_steps": sum(b["random"] for b in self.ledger.books.values()),
+            "warmup_granted": self.ledger.warmup_granted, "draining": int(self.draining),
             **self.snap_stats, **self.ledger.metrics(),
         })
 

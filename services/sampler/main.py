@@ -1,5 +1,10 @@
 """Sampler: act with the newest actor (random during warm-up), send batches of transitions.
 
+Warm-up is the run's, not this process's: replay grants random env steps in its acks
+(`warmup`, cumulative per session), and the sampler acts uniformly at random exactly while
+it holds unused ones, env by env; otherwise it acts with the actor, or waits for one. So
+that the first grant comes at once, each session opens with an empty batch (n = 0).
+
 Loop: take replay's acks; re-send unacknowledged batches if replay restarted; take the
 newest actor weights if any arrived; if the ack window has credit, step E envs
 `steps_per_push` times writing rows into a fresh matrix and send it, else wait for an
@@ -48,10 +53,9 @@ class Sampler(Service):
         self.rng = np.random.default_rng(seq)
         self.envs = EnvBatch(self.cfg.env, sc.envs_per_sampler, int(seq.generate_state(1)[0] % (1 << 30)))
         self.layout = self.envs.layout
-        self.warmup = sc.warmup_steps // max(sc.num_samplers, 1)  # remote-only runs: 0 local samplers
         self.actor: NumpyActor | None = None
         self.actor_version = -1
-        self.run_env_steps = 0  # env steps of the whole run when the newest actor was published
+        self.random_steps = 0  # env steps of this session acted at random (replay granted outbox.warmup)
         self.returns: list[float] = []
         self.lengths: list[int] = []
         self.pushed = 0
@@ -60,7 +64,7 @@ class Sampler(Service):
         self.push: Channel | None = None
 
     def counters(self) -> dict[str, Any]:
-        return {"env_steps": self.envs.steps, "actor_version": self.actor_version}
+        return {"env_steps": self.envs.steps, "actor_version": self.actor_version, "random_steps": self.random_steps}
 
     def set_param(self, key: str, value: Any) -> None:
         if key not in ("steps_per_push", "envs_per_sampler") or type(value) is not int or value <= 0:
@@ -84,6 +88,7 @@ class Sampler(Service):
         push.watch_connects()
         follower = WeightsFollower(self.channel("weights", binding=False, name="actor_weights"))
         last_metrics, last_steps = time.monotonic(), 0
+        push.send_nowait(self.outbox.add(self.opening()))  # its ack brings the first warm-up grant
         while self.running:
             self.take_acks(push)
             if self.paused:
@@ -92,10 +97,12 @@ class Sampler(Service):
             newest = follower.poll().get("actor")
             if newest is not None:
                 self.take_weights(newest)
-            if self.outbox.has_credit():
-                msg = self.outbox.next_resend() or self.outbox.add(self.collect())
-                push.send_nowait(msg)  # a full queue (replay gone): sent again after the reconnect
-            else:
+            resend = self.outbox.next_resend() if self.outbox.has_credit() else None
+            if resend is not None:
+                push.send_nowait(resend)  # a full queue (replay gone): sent again after the reconnect
+            elif self.outbox.has_credit() and self.can_act():
+                push.send_nowait(self.outbox.add(self.collect()))
+            else:  # out of credit, or no actor and no warm-up grant left: wait for an ack or weights
                 await push.sock.poll(ACK_WAIT_MS, zmq.POLLIN)
             await asyncio.sleep(0)  # a send that does not block never yields: let heartbeats and control run
             now = time.monotonic()
@@ -127,39 +134,58 @@ class Sampler(Service):
         else:
             self.actor.load(state)
         self.actor_version = msg.version
-        self.run_env_steps = int(msg.extras.get("env_steps", 0))
 
     @property
-    def warmed_up(self) -> bool:
-        """Past its share of the random warm-up, or the run is (a restarted sampler, a resumed run)."""
-        return self.envs.steps >= self.warmup or self.run_env_steps >= self.cfg.sampler.warmup_steps
+    def unused_random(self) -> int:
+        """Random env steps replay granted this session and it has not taken yet."""
+        return max(self.outbox.warmup - self.random_steps, 0)
+
+    def can_act(self) -> bool:
+        """One step of every env is possible: with the actor, or at random within the grant."""
+        return self.actor is not None or self.unused_random >= len(self.envs)
+
+    def opening(self) -> Experience:
+        """The empty batch a session starts with (its ack carries the first warm-up grant)."""
+        rows = np.empty((0, self.layout.width), np.float32)
+        return Experience(rows, self.layout.obs_dim, self.layout.act_dim, self.envs.steps, random_steps=0)
 
     def collect(self) -> Experience:
-        """Step all envs steps_per_push times into a new matrix (the last one may still be in flight)."""
+        """Step all envs up to steps_per_push times into a new matrix (the last one may still be in
+        flight): env i at random while warm-up steps are granted, else with the actor; stops
+        early when there is neither."""
         n_env = len(self.envs)
-        steps = self.steps_per_push
-        rows = np.empty((steps * n_env, self.layout.width), np.float32)
+        rows = np.empty((self.steps_per_push * n_env, self.layout.width), np.float32)
         returns, lengths = [], []
-        for t in range(steps):
-            explore = self.actor is not None and self.warmed_up
-            actions = (self.actor.act(self.envs.obs, self.rng, explore=True) if explore  # type: ignore[union-attr]
-                       else self.envs.random_actions(self.rng))
-            for ret, length in self.envs.step(actions, rows[t * n_env:(t + 1) * n_env]):
+        taken = random = 0
+        while taken < self.steps_per_push and self.can_act():
+            k = min(self.unused_random, n_env)  # this many envs act at random
+            if k == n_env:
+                actions = self.envs.random_actions(self.rng)
+            else:
+                actions = self.actor.act(self.envs.obs, self.rng, explore=True)  # type: ignore[union-attr]
+                if k:
+                    actions[:k] = self.envs.random_actions(self.rng)[:k]
+            self.random_steps += k
+            random += k
+            for ret, length in self.envs.step(actions, rows[taken * n_env:(taken + 1) * n_env]):
                 returns.append(ret)
                 lengths.append(length)
+            taken += 1
         self.returns += returns
         self.lengths += lengths
         self.pushed += 1
-        version = self.actor_version if self.actor is not None and self.warmed_up else -1
-        return Experience(rows, self.layout.obs_dim, self.layout.act_dim, self.envs.steps, version,
-                          returns, lengths)
+        n = taken * n_env
+        version = self.actor_version if random < n else -1
+        return Experience(rows[:n], self.layout.obs_dim, self.layout.act_dim, self.envs.steps, version,
+                          returns, lengths, random_steps=random)
 
     def report(self, dt: float, steps: int) -> None:
         box = self.outbox
         values: dict[str, Any] = {"env_steps": self.envs.steps, "sampling_hz": steps / dt,
                                   "actor_version": self.actor_version, "envs": len(self.envs), "batches_sent": box.sent,
                                   "batches_stored": box.stored, "batches_kept": len(box.kept),
-                                  "resent": box.resends}
+                                  "resent": box.resends, "random_steps": self.random_steps,
+                                  "warmup_granted": box.warmup}
         if self.returns:
             values["episode_return"] = float(np.mean(self.returns))
             values["episode_length"] = float(np.mean(self.lengths))

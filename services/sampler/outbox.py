@@ -29,6 +29,7 @@ class Outbox:
         self.resent_upto = 0  # a gap report about a batch <= this predates our last re-send
         self.progress_at = time.monotonic()  # last time acks advanced (or a re-send started)
         self.resends = 0  # batches sent again
+        self.warmup = 0  # random env steps replay granted this session in all (acks' `warmup`)
 
     @property
     def front(self) -> int:
@@ -70,6 +71,7 @@ class Outbox:
         if ack.stored != self.stored:  # a restarted replay may report less than its predecessor
             self.progress_at = time.monotonic()
         self.stored = ack.stored
+        self.warmup = max(self.warmup, ack.warmup)
         if self.resend_from and ack.stored >= self.resend_from:
             self.resend_from = ack.stored + 1  # replay has these already: skip them
         if ack.durable > self.durable:

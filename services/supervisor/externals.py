@@ -9,6 +9,7 @@ operator of a remote host). If its heartbeats come back (the network healed) it 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +51,9 @@ class Externals:
         """Admit a registration (ConfigError names what is refused)."""
         if msg.role not in ROLES:
             raise ConfigError(f"role {msg.role!r} of {sid!r} is not one of {', '.join(ROLES)}")
+        if msg.service_id and msg.service_id != sid:
+            raise ConfigError(f"register.service_id={msg.service_id!r} differs from the DEALER identity {sid!r}: "
+                              "set the socket's identity to the service id")
         if msg.remote and msg.role not in REMOTE_ROLES and not self.any_role_over_tcp:
             raise ConfigError(f"{sid!r}: only {', '.join(REMOTE_ROLES)} services may attach over tcp, "
                               f"not {msg.role!r}")
@@ -76,7 +80,9 @@ class Externals:
         return [e for e in self.by_id.values() if e.live and (roles is None or e.role in roles)]
 
     def rows(self) -> dict[str, dict[str, Any]]:
-        """services.json rows."""
+        """services.json rows; `last_heartbeat` in unix time, as for the services it started."""
+        now, unix = time.monotonic(), time.time()
         return {e.service_id: {"role": e.role, "pid": e.pid, "host": e.host, "state": e.state,
-                               "restarts": e.joins - 1, "external": True, "remote": e.remote}
+                               "restarts": e.joins - 1, "external": True, "remote": e.remote,
+                               "last_heartbeat": unix - (now - e.last_heartbeat)}
                 for e in self.by_id.values()}

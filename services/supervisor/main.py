@@ -4,7 +4,9 @@ Reads top to bottom: `run()` binds the hub sockets, starts the children, then ru
 loops until the budget is spent or a signal arrives: control (registrations and
 heartbeats), metrics (metrics.jsonl), watch (crashes, silence, restarts) and progress
 (the console line). `shutdown()` stops data producers first, then the rest, so the
-evaluator's last result and the learners' final checkpoints make it to disk.
+evaluator's last result and the learners' final checkpoints make it to disk. Before that,
+replay is told to drain (store everything, rate limiter notwithstanding), and at the very end
+the ledger record compares, per sampler, the env steps it made with those replay stored.
 
 Services it did not start (compose containers in hub mode, remote samplers attaching
 over supervisor.listen) register too; externals.py keeps them, by heartbeats only.
@@ -110,6 +112,8 @@ class Supervisor:
         self.retiring: list[tuple[Child, float]] = []  # samplers told to leave, with their exit deadline
         self.next_sampler = cfg.sampler.num_samplers  # index of the next sampler started at runtime
         self.last_ping = 0.0  # monotonic time of the last ping round
+        self.made: dict[str, int] = {}  # sampler id -> env steps its current incarnation made (heartbeats)
+        self.made_before: dict[str, int] = {}  # sampler id -> env steps its earlier incarnations made
 
     # ------------------------------------------------------------------ main
     async def run(self) -> int:
@@ -254,7 +258,12 @@ class Supervisor:
             peer, msg = await self.control.recv()
             sid = peer.decode(errors="replace") if peer else ""
             child = self.children.get(sid)
+            if isinstance(msg, Heartbeat) and "env_steps" in msg.counters and sid in self.made:
+                self.made[sid] = int(msg.counters["env_steps"])
             if isinstance(msg, Register):
+                if msg.role == SAMPLER:  # a new incarnation counts its env steps from 0
+                    self.made_before[sid] = self.made_before.get(sid, 0) + self.made.get(sid, 0)
+                    self.made[sid] = 0
                 await self.welcome(peer, sid, msg)  # type: ignore[arg-type]
             elif isinstance(msg, Heartbeat) and child is not None:
                 child.last_heartbeat, child.state, child.counters = time.monotonic(), msg.state, msg.counters
@@ -316,12 +325,9 @@ class Supervisor:
             self.leave(ext, f"sent no heartbeat for {silence:.1f}s")
 
     def welcome_config(self, role: str) -> dict[str, Any]:
-        """The run config as a service of `role` gets it: the current (tuned) values, and no
-        random warm-up for a sampler that joins once the run's warm-up steps are in replay."""
-        data = to_dict(self.cfg)
-        if role == SAMPLER and self.progress.env_steps >= self.cfg.sampler.warmup_steps:
-            data["sampler"]["warmup_steps"] = 0
-        return data
+        """The run config as a service of `role` gets it: the current (tuned) values. (Warm-up
+        steps are granted by replay in its acks, for the run as a whole: proto/SPEC.md §6.)"""
+        return to_dict(self.cfg)
 
     async def metrics_loop(self) -> None:
         while True:
@@ -467,7 +473,12 @@ class Supervisor:
 
     # ------------------------------------------------------------------ shutdown
     async def shutdown(self) -> None:
-        """Producers first (samplers, learners), then evaluator, replay and visualizer."""
+        """Replay drains; producers stop (samplers, learners), then evaluator, replay and visualizer."""
+        for child in self.children.values():
+            if child.spec.role == REPLAY and child.alive and child.registered:
+                self.tell(child.spec.service_id, "set", "drain", True)
+        for ext in self.externals.live((REPLAY,)):
+            self.tell(ext.service_id, "set", "drain", True)
         first = [c for c in self.children.values() if c.spec.role not in LAST_TO_STOP]
         first += [c for c, _ in self.retiring]
         last = [c for c in self.children.values() if c.spec.role in LAST_TO_STOP]
@@ -483,6 +494,27 @@ class Supervisor:
             terminate(group, timeout=5.0)
         await self._drain_metrics(0.5)
         self.write_roster()
+        self.account()
+
+    def account(self) -> None:
+        """The ledger record: per sampler, env steps made (its heartbeats) against those replay
+        stored and rejected (its ledger metrics); at a clean end made = stored + rejected."""
+        ledger: dict[str, Any] = {}
+        for values in self.progress.by_role(REPLAY):
+            ledger.update(values)
+        rows = {}
+        for sid in sorted(self.made):
+            inserted, rejected = ledger.get(f"ledger/{sid}/inserted", 0), ledger.get(f"ledger/{sid}/rejected", 0)
+            rows[sid] = {"made": self.made_before.get(sid, 0) + self.made[sid], "stored": inserted - rejected,
+                         "rejected": rejected, "random": ledger.get(f"ledger/{sid}/random", 0)}
+        self.progress.record("ledger", {"samplers": rows, "warmup_granted": ledger.get("warmup_granted", 0)})
+        lost = {sid: r["made"] - r["stored"] - r["rejected"] for sid, r in rows.items()}
+        if any(lost.values()):
+            self.say("ledger: not stored: " + ", ".join(f"{sid} made {rows[sid]['made']:,}, stored "
+                                                        f"{rows[sid]['stored']:,}" for sid, n in lost.items() if n))
+        else:
+            self.say(f"ledger: made = stored for {len(rows)} sampler(s), "
+                     f"{sum(r['stored'] for r in rows.values()):,} env steps")
 
     async def _wait_exit(self, group: list[Child], externals: list[External], timeout: float) -> None:
         """Until the children exited and the externals said goodbye or went quiet (or the timeout)."""

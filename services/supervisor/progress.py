@@ -65,24 +65,24 @@ class Progress:
         return self._seen[name]
 
     # ------------------------------------------------------------ aggregates
-    def _by_role(self, role: str) -> list[dict[str, Any]]:
+    def by_role(self, role: str) -> list[dict[str, Any]]:
         return [v for k, v in self.latest.items() if k == role or k.startswith(role + "-")]
 
     @property
     def env_steps(self) -> int:
-        return self._high_water("env_steps", max((int(v.get("inserted", 0)) for v in self._by_role("replay")),
+        return self._high_water("env_steps", max((int(v.get("inserted", 0)) for v in self.by_role("replay")),
                                                  default=0))
 
     @property
     def updates(self) -> int:
         for role in ("learner", "critic_learner"):
-            found = self._by_role(role)
+            found = self.by_role(role)
             if found:
                 return self._high_water("updates", int(found[0].get("updates", 0)))
         return self._seen["updates"]
 
     def sum_of(self, key: str, roles: tuple[str, ...]) -> float:
-        return sum(float(v.get(key, 0.0)) for r in roles for v in self._by_role(r))
+        return sum(float(v.get(key, 0.0)) for r in roles for v in self.by_role(r))
 
     def summary(self) -> dict[str, Any]:
         """Numbers of the progress line (rates over the time since the previous call)."""
@@ -144,7 +144,7 @@ class Progress:
         """The learners' newest metrics merged (split mode: actor- and critic-learner)."""
         merged: dict[str, Any] = {}
         for role in LEARNER_ROLES:
-            for values in self._by_role(role):
+            for values in self.by_role(role):
                 merged.update(values)
         return merged
 

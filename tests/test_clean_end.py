@@ -1,0 +1,35 @@
+"""A clean end of a run loses nothing a sampler made, and the warm-up is the run's.
+
+Real `spreeze train` processes on real ipc:// sockets: two local samplers, a budget stop
+while replay's rate limiter holds inserts back. The ledger record must show made = stored
+for every sampler, and the random steps of all samplers must add up to warmup_steps.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.test_integration import records, train
+
+
+@pytest.mark.timeout(200)
+def test_budget_stop_stores_everything_made_and_warmup_is_exact(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    proc = train(run, "--total-steps", "2500", "sampler.num_samplers=2", "sampler.warmup_steps=700",
+                 "replay.min_size=500", "replay.tolerance=0.05", "eval.every_updates=100000")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "budget of 2,500 env steps reached" in proc.stdout
+    [ledger] = records(run, "ledger")
+    rows = ledger["samplers"]
+    assert set(rows) == {"sampler-0", "sampler-1"}, ledger
+    for sid, row in rows.items():
+        assert row["made"] > 0 and row["made"] == row["stored"] and row["rejected"] == 0, (sid, row)
+    assert sum(row["random"] for row in rows.values()) == 700 == ledger["warmup_granted"]
+    assert "ledger: made = stored for 2 sampler(s)" in proc.stdout
+    for sid in rows:
+        log = (run / "logs" / f"{sid}.log").read_text()
+        assert "not acknowledged as stored" not in log, log[-2000:]
+    replay = [r for r in records(run, "metrics") if r.get("service") == "replay"][-1]
+    assert replay["inserted"] == sum(row["stored"] for row in rows.values())

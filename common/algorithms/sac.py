@@ -19,6 +19,9 @@ from common.algorithms.base import (critic_step, load_critics, save_critics, Bat
                                     load_module_state, load_sparse, module_snapshot, module_state,
                                     optimizer_state, params, save_sparse, scalars,
                                     sparse_step, with_sparse)
+from common.algorithms import steps
+from common.algorithms.compiled import CompileOptions
+from common.algorithms.steps import FastUpdate
 from common.networks import GaussianActor, TwinCritic
 from common.sparse import SparseTopology
 
@@ -68,12 +71,20 @@ class SACActorPart:
         self.target_entropy = target_entropy
         self.policy_delay = 1
         self.updates = 0
+        self.fast: FastUpdate | None = None  # the compiled step, once compile() ran
         self._params = params(actor)
         self.opt = adam(self._params, cfg.actor_lr, 0.0)
         self.alpha_opt = adam([log_alpha], cfg.alpha_lr, 0.0) if cfg.autotune else None
 
+    def compile(self, options: CompileOptions) -> None:
+        """From now on update with the compiled step (common/algorithms/steps.py)."""
+        if options.enabled:
+            self.fast = steps.SACActorStep(self, options, self._params[0].device)
+
     def update(self, batch: Batch, want_metrics: bool = True) -> dict[str, float]:
         """One actor step on E[alpha*logp - min Q], then one temperature step if autotune."""
+        if self.fast is not None:
+            return self.fast.update(batch, want_metrics)
         obs = batch["obs"]
         alpha = self.log_alpha.detach().exp()
         action, logp = self.actor(obs, generator=self.generator)
@@ -131,6 +142,8 @@ class SACActorPart:
         load_sparse(d, self.sparse)
         if not self.shared:
             self.critic.load_state_dict(d["critic"])
+        if self.fast is not None:
+            self.fast.rebind()
 
 
 class SACCriticPart:
@@ -147,6 +160,7 @@ class SACCriticPart:
         self.log_alpha = log_alpha
         self.cfg, self.shared, self.generator, self.sparse = cfg, shared, generator, sparse
         self.updates = 0
+        self.fast: FastUpdate | None = None  # the compiled step, once compile() ran
         self._params = params(critic)
         self._target_params = params(critic_target)
         self.opt = adam(self._params, cfg.critic_lr, 0.0)
@@ -160,8 +174,15 @@ class SACCriticPart:
             v = torch.minimum(tq1, tq2) - self.log_alpha.exp() * next_logp
             return torch.addcmul(batch["reward"], 1.0 - batch["done"], v, value=self.cfg.gamma)
 
+    def compile(self, options: CompileOptions) -> None:
+        """From now on update with the compiled step (common/algorithms/steps.py)."""
+        if options.enabled:
+            self.fast = steps.sac_critic(self, options, self._params[0].device)
+
     def update(self, batch: Batch, want_metrics: bool = True) -> dict[str, float]:
         """One critic step, then Polyak the critic targets."""
+        if self.fast is not None:
+            return self.fast.update(batch, want_metrics)
         return critic_step(self, batch, self.td_target(batch), True, want_metrics)
 
     def critic_state(self) -> State:
@@ -189,3 +210,5 @@ class SACCriticPart:
             self.actor.load_state_dict(d["actor"])
             with torch.no_grad():
                 self.log_alpha.copy_(d["log_alpha"])
+        if self.fast is not None:
+            self.fast.rebind()

@@ -74,6 +74,9 @@ class LearnerConfig:
     critic_device: str = "cpu"  # torch device of the critic_learner (split mode)
     threads: int = 1  # torch intra-op threads per learner process
     checkpoint_every_s: float = 60.0  # seconds between learner state checkpoints
+    compile: bool = True  # torch.compile the update steps (compiled during the random warm-up); false = the eager reference
+    cuda_graphs: bool = True  # on CUDA, capture each compiled step as a CUDA graph (one launch per update)
+    compile_cache: str = "user"  # compiled kernels on disk: user (~/.cache/spreeze, shared by runs) | run (run_dir) | a directory
 
     def validate(self) -> None:
         _choice(self, "mode", ("fused", "split"))
@@ -83,6 +86,8 @@ class LearnerConfig:
             raise ConfigError(f"learner.prefetch={self.prefetch!r} must be <= {MAX_PREFETCH} "
                               "(the sample socket's high-water mark)")
         _non_negative(self, "publish_interval")
+        if not isinstance(self.compile_cache, str) or not self.compile_cache.strip():
+            raise ConfigError(f"learner.compile_cache={self.compile_cache!r} must be user, run or a directory")
         for name in ("actor_device", "critic_device"):
             value = getattr(self, name)
             if not (value == "cpu" or value == "cuda" or value.startswith("cuda:")):

@@ -36,6 +36,7 @@ class ActorLearner(LearnerBase):
         self.critic_updates = 0
         self.send_sync(to_critic)
         self.publish_actor(to_samplers, self.actor)
+        self.start_compile(self.actor)
         last_publish = time.monotonic()
         while self.running:
             newest = critics.poll().get("critic")
@@ -48,6 +49,7 @@ class ActorLearner(LearnerBase):
             batch = await self.batches.next(self.stopping)
             if batch is None:
                 break
+            await self.ready()
             want = self.actor.updates % LOSS_EVERY == 0
             metrics = self.actor.update(batch, want_metrics=want)
             if want:

@@ -4,6 +4,13 @@ A learner checkpoints its full state (networks, optimizers, temperature, noise R
 update counters, weight versions) into checkpoints/<role>.pt every checkpoint_every_s
 and on shutdown (SIGTERM included), and restores it at start when it exists: after a
 crash the supervisor's restart continues from there, and so does `spreeze train --resume`.
+
+With `learner.compile` (the default) each part's update is a compiled step
+(common/algorithms/steps.py). It compiles in a worker thread on dummy batches as soon as
+the parts exist, while replay still fills with random warm-up steps and the learner has
+nothing else to do; the event loop keeps heartbeating meanwhile, and the first update waits
+for it. Compiled kernels are cached on disk (`learner.compile_cache`), so a second run
+compiles in a fraction of the time. `compile_s` and `compiles` go out with the metrics.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import torch
 import torch._dynamo  # noqa: F401
 
 from common.algorithms import ActorPart, CriticPart, make_parts
+from common.algorithms.compiled import CompileOptions, compile_cache_dir, use_compile_cache
 from common.errors import ConfigError
 from common.envs import env_spec
 from common.learner_io import BatchStream, atomic_save, checkpoint_dir, device_of
@@ -51,7 +59,57 @@ class LearnerBase(Service):
         self.metrics_updates = 0
         self.losses: dict[str, float] = {}
         self.tasks: list[asyncio.Task[Any]] = []
+        self.fast: list[Any] = []  # the compiled steps of the parts this learner trains
+        self.compiling: asyncio.Task[float] | None = None
         return actor, critic
+
+    def start_compile(self, *parts: ActorPart | CriticPart) -> None:
+        """Switch ``parts`` to compiled steps and compile them in a worker thread on dummy
+        batches of the configured size (no state changes); `ready` awaits it."""
+        lc = self.cfg.learner
+        options = CompileOptions(lc.compile, lc.cuda_graphs)
+        if not options.enabled:
+            return
+        cache = use_compile_cache(compile_cache_dir(lc.compile_cache, self.cfg.run_dir))
+        self.compiled_parts = parts
+        for part in parts:
+            part.compile(options)
+        self.fast = [part.fast for part in parts]
+        m = torch.randn((lc.batch_size, self.layout.width), device=self.device)
+        dummy = self.layout.columns(m)
+        log.info("compiling the update steps (cache %s)", cache)
+        self.compiling = asyncio.create_task(asyncio.to_thread(
+            lambda: sum(fast.warm_up(dummy) for fast in self.fast)))
+
+    async def ready(self) -> None:
+        """Wait for the compile started by `start_compile` (at once if none or done). If it
+        failed (no C++ compiler, an unsupported op), the parts fall back to eager updates."""
+        if self.compiling is None:
+            return
+        try:
+            seconds = await self.compiling
+            log.info("update steps compiled in %.1f s", seconds)
+        except Exception as exc:  # noqa: BLE001 - any compiler failure: train eagerly instead
+            log.warning("compiling the update steps failed, updating eagerly: %s: %s",
+                        type(exc).__name__, exc)
+            for part in self.compiled_parts:
+                part.fast = None
+            self.fast = []
+        finally:
+            self.compiling = None
+
+    @property
+    def settled(self) -> bool:
+        """False while the warm-up compile runs: it moves the trained weights (and puts them
+        back), so nothing may read them for publishing or checkpoints until it is done."""
+        return self.compiling is None or self.compiling.done()
+
+    def compile_metrics(self) -> dict[str, float]:
+        """Seconds spent compiling (and capturing) the steps, and graphs compiled so far."""
+        if not self.fast:
+            return {}
+        return {"compile_s": sum(f.step.compile_s for f in self.fast),
+                "compiles": float(sum(f.step.compiles for f in self.fast))}
 
     def publisher(self, endpoint_name: str) -> WeightsPublisher:
         pub = WeightsPublisher(self.channel("weights", binding=True, name=endpoint_name))
@@ -63,6 +121,8 @@ class LearnerBase(Service):
 
         Sparse networks send their masked weights as (index, value) pairs where that is smaller.
         """
+        if not self.settled:
+            return  # the initial publish happened before the compile; updates wait for it
         extras = {**actor.extras(), "env_steps": float(self.batches.inserted)}
         state = actor.actor_state() if net == "actor" else actor.target_actor_state()
         assert state is not None
@@ -91,7 +151,7 @@ class LearnerBase(Service):
                           "update_frame_rate": rate * self.batches.batch_size,
                           "batch_size": self.batches.batch_size,
                           "batch_wait_s": self.batches.wait_s, "env_steps": self.batches.inserted,
-                          **self.losses, **extra})
+                          **self.compile_metrics(), **self.losses, **extra})
             self.last_metrics, self.metrics_updates = now, updates
         if now - self.last_checkpoint >= self.cfg.learner.checkpoint_every_s:
             self.checkpoint()
@@ -102,6 +162,9 @@ class LearnerBase(Service):
         return checkpoint_dir(self.cfg.run_dir) / f"{self.ROLE}.pt"
 
     def checkpoint(self) -> None:
+        if not self.settled:
+            log.info("not checkpointing while the update steps compile (no update happened yet)")
+            return
         atomic_save({**self.state(), "torch_rng": torch.get_rng_state()}, self.checkpoint_path)
 
     def restored(self) -> dict[str, Any] | None:

@@ -29,12 +29,14 @@ class Learner(LearnerBase):
             self.critic.load(saved["critic"])
             self.updates = int(saved["updates"])
         self.publish_actor(pub, self.actor)
+        self.start_compile(self.actor, self.critic)
         last_publish = time.monotonic()
         interval = self.cfg.learner.publish_interval
         while self.running:
             batch = await self.batches.next(self.stopping)
             if batch is None:
                 break
+            await self.ready()
             want = self.read_out_due()
             metrics = fused_step(self.actor, self.critic, batch, want_metrics=want)
             self.updates += 1

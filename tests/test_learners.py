@@ -262,4 +262,12 @@ def test_learners_compile_during_warm_up_then_update_compiled(tmp_path: Path, mo
                 assert lrn.compiling is None and lrn.settled
                 m = lrn.compile_metrics()
                 assert m["compile_s"] > 0 and m["compiles"] == len(lrn.fast)  # one graph per step
-    run(body())
+            if mode == "fused":  # a new batch size compiles off the event loop, then takes over
+                (lrn,) = learners
+                lrn.set_param("batch_size", 16)
+                assert lrn.batches.batch_size == 32 and not lrn.settled
+                await until(lambda: lrn.batches.batch_size == 16, timeout=120, what="batch size 16")
+                done = counted(lrn)
+                await until(lambda: counted(lrn) >= done + 4, timeout=30, what="updates at batch 16")
+                assert lrn.compile_metrics()["compiles"] == 2 * len(lrn.fast)
+    run(body(), timeout=230)

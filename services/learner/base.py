@@ -75,20 +75,26 @@ class LearnerBase(Service):
         for part in parts:
             part.compile(options)
         self.fast = [part.fast for part in parts]
-        m = torch.randn((lc.batch_size, self.layout.width), device=self.device)
-        dummy = self.layout.columns(m)
         log.info("compiling the update steps (cache %s)", cache)
+        self.warm_up(lc.batch_size)
+
+    def warm_up(self, batch_size: int) -> None:
+        """Compile the steps for ``batch_size`` in a worker thread on a dummy batch; `ready`
+        awaits it, then makes ``batch_size`` the one requested from replay."""
+        dummy = self.layout.columns(torch.randn((batch_size, self.layout.width), device=self.device))
+        steps = list(self.fast)
         self.compiling = asyncio.create_task(asyncio.to_thread(
-            lambda: sum(fast.warm_up(dummy) for fast in self.fast)))
+            lambda: sum(fast.warm_up(dummy) for fast in steps)))
+        self.compiling_for = batch_size
 
     async def ready(self) -> None:
-        """Wait for the compile started by `start_compile` (at once if none or done). If it
-        failed (no C++ compiler, an unsupported op), the parts fall back to eager updates."""
+        """Wait for a compile started by `warm_up` (at once if none or done). If it failed
+        (no C++ compiler, an unsupported op), the parts fall back to eager updates."""
         if self.compiling is None:
             return
         try:
             seconds = await self.compiling
-            log.info("update steps compiled in %.1f s", seconds)
+            log.info("update steps compiled for batch size %d in %.1f s", self.compiling_for, seconds)
         except Exception as exc:  # noqa: BLE001 - any compiler failure: train eagerly instead
             log.warning("compiling the update steps failed, updating eagerly: %s: %s",
                         type(exc).__name__, exc)
@@ -97,6 +103,7 @@ class LearnerBase(Service):
             self.fast = []
         finally:
             self.compiling = None
+        self.batches.batch_size = self.compiling_for
 
     @property
     def settled(self) -> bool:
@@ -131,14 +138,18 @@ class LearnerBase(Service):
                                     sparse, extras))
 
     def set_param(self, key: str, value: Any) -> None:
-        """`batch_size`: requests sent from now on ask for this many transitions."""
+        """`batch_size`: requests sent from now on ask for this many transitions (with compiled
+        steps: once they are compiled for it, in a worker thread while updates pause)."""
         if key != "batch_size" or type(value) is not int or value <= 0:
             raise ConfigError(f"{self.ROLE}: cannot set {key}={value!r} (settable: batch_size > 0)")
         if value > self.cfg.replay.capacity:
             raise ConfigError(f"{self.ROLE}: batch_size={value} exceeds replay.capacity={self.cfg.replay.capacity}")
-        if not hasattr(self, "batches"):
+        if not hasattr(self, "batches") or not self.settled:
             raise ConfigError(f"{self.ROLE}: not ready for batch_size={value} yet (still setting up)")
-        self.batches.batch_size = value
+        if self.fast:
+            self.warm_up(value)  # compiled off the event loop; `ready` switches to it when done
+        else:
+            self.batches.batch_size = value
         self.cfg = dataclasses.replace(self.cfg, learner=dataclasses.replace(self.cfg.learner, batch_size=value))
 
     def tick(self, updates: int, extra: dict[str, Any]) -> None:

@@ -66,7 +66,7 @@ class LearnerConfig:
     mode: str = "fused"  # fused: one process for actor and critics | split: actor_learner + critic_learner
     batch_size: int = 256  # transitions per gradient update
     prefetch: int = 4  # sample requests kept in flight per learner
-    batches_per_request: int = 1  # update batches per sample request (one message and one device copy for all)
+    batches_per_request: int = 4  # update batches per sample request (one message and one device copy for all; uniform sampling makes them independent)
     sync_every: int = 2  # split mode: updates between actor <-> critic weight exchanges (K)
     max_lag: int = 64  # split mode: critic updates the critic may run ahead of the actor it uses
     publish_interval: float = 0.05  # seconds between actor weight publishes to samplers/evaluator

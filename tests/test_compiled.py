@@ -35,8 +35,12 @@ def _cfg(algo: str) -> TD3Config | SACConfig:
     return TD3Config(hidden=(16, 16)) if algo == "td3" else SACConfig(hidden=(16, 16))
 
 
-def _parts(algo: str, shared: bool = True, sparse: SparseConfig | None = None, compiled: bool = False):
-    actor, critic = make_parts(algo, OBS, ACT, LOW, HIGH, _cfg(algo), torch.device("cpu"), shared, 3,
+CUDA = pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))
+
+
+def _parts(algo: str, shared: bool = True, sparse: SparseConfig | None = None, compiled: bool = False,
+           device: str = "cpu"):
+    actor, critic = make_parts(algo, OBS, ACT, LOW, HIGH, _cfg(algo), torch.device(device), shared, 3,
                                sparse=sparse)
     if compiled:
         actor.compile(CompileOptions())
@@ -44,11 +48,12 @@ def _parts(algo: str, shared: bool = True, sparse: SparseConfig | None = None, c
     return actor, critic
 
 
-def _batches(n: int = 4) -> list[dict[str, torch.Tensor]]:
+def _batches(n: int = 4, device: str = "cpu") -> list[dict[str, torch.Tensor]]:
     g = torch.Generator().manual_seed(7)
-    return [{"obs": torch.randn(B, OBS, generator=g), "action": torch.rand(B, ACT, generator=g) * 4 - 2,
-             "reward": torch.randn(B, generator=g), "next_obs": torch.randn(B, OBS, generator=g),
-             "done": (torch.rand(B, generator=g) < 0.2).float()} for _ in range(n)]
+    return [{k: v.to(device) for k, v in {
+        "obs": torch.randn(B, OBS, generator=g), "action": torch.rand(B, ACT, generator=g) * 4 - 2,
+        "reward": torch.randn(B, generator=g), "next_obs": torch.randn(B, OBS, generator=g),
+        "done": (torch.rand(B, generator=g) < 0.2).float()}.items()} for _ in range(n)]
 
 
 def _tensors(actor, critic) -> dict[str, torch.Tensor]:
@@ -72,10 +77,12 @@ def _compiles(*parts) -> list[int]:
     return [p.fast.step.compiles for p in parts]
 
 
+@pytest.mark.parametrize("device", ["cpu", CUDA])
 @pytest.mark.parametrize("algo", ["td3", "sac"])
-def test_compiled_agrees_with_eager_over_many_updates(algo: str) -> None:
-    eager, fast = _parts(algo), _parts(algo, compiled=True)
-    batches = _batches()
+def test_compiled_agrees_with_eager_over_many_updates(algo: str, device: str) -> None:
+    """On CUDA the compiled steps are captured as CUDA graphs (CompileOptions' default)."""
+    eager, fast = _parts(algo, device=device), _parts(algo, compiled=True, device=device)
+    batches = _batches(device=device)
     for i in range(UPDATES):
         m_eager = fused_step(*eager, batches[i % len(batches)])
         m_fast = fused_step(*fast, batches[i % len(batches)])
@@ -85,6 +92,8 @@ def test_compiled_agrees_with_eager_over_many_updates(algo: str) -> None:
     _assert_close(_tensors(*eager), _tensors(*fast))
     assert (fast[0].updates, fast[1].updates) == (eager[0].updates, eager[1].updates)
     assert _compiles(*fast) == [1, 1]  # one graph each, TD3's Polyak and no-Polyak updates alike
+    if device == "cuda":
+        assert all(len(p.fast.step.graphs) == 1 for p in fast)  # one capture each, replayed since
 
 
 def test_warm_up_compiles_without_changing_state() -> None:

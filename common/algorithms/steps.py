@@ -52,7 +52,8 @@ class FastUpdate:
         self.part, self.tau = part, tau
         self.tau_on, self.tau_off = _taus(tau, device)
 
-    def inputs(self, batch: Batch, polyak_due: bool, adapting: bool) -> list[torch.Tensor]:
+    def inputs(self, batch: Batch, with_polyak: bool) -> list[torch.Tensor]:
+        """The step's arguments for this batch (noise drawn now; Polyak rate 0 unless ``with_polyak``)."""
         raise NotImplementedError
 
     def warm_up(self, batch: Batch) -> float:
@@ -61,7 +62,7 @@ class FastUpdate:
         return self.step.warm_up(*self._dummy_inputs(batch))
 
     def _dummy_inputs(self, batch: Batch) -> list[torch.Tensor]:
-        return self.inputs(batch, True, False)
+        return self.inputs(batch, True)
 
     def rebind(self) -> None:
         """After the part loaded a checkpoint: keep the optimizer state at its addresses."""
@@ -71,7 +72,7 @@ class FastUpdate:
         """Update number ``n`` of the part: the compiled step, then the eager topology work."""
         sparse = self.part.sparse
         adapting = sparse is not None and sparse.due(n)
-        out = self.step(*self.inputs(batch, polyak_due and not adapting, adapting))
+        out = self.step(*self.inputs(batch, polyak_due and not adapting))
         if adapting:
             sparse.adapt(self.part.opt)
             if polyak_due:
@@ -106,9 +107,9 @@ class CriticStep(FastUpdate):
 
         self.step = CompiledStep(step, t.mutated(), device, options)
 
-    def inputs(self, batch: Batch, polyak_due: bool, adapting: bool) -> list[torch.Tensor]:
+    def inputs(self, batch: Batch, with_polyak: bool) -> list[torch.Tensor]:
         return [*(batch[k] for k in BATCH_KEYS), _noise(self.part, batch),
-                self.tau_on if polyak_due else self.tau_off]
+                self.tau_on if with_polyak else self.tau_off]
 
     def _dummy_inputs(self, batch: Batch) -> list[torch.Tensor]:
         return [*(batch[k] for k in BATCH_KEYS), torch.randn_like(batch["action"]), self.tau_on]
@@ -172,8 +173,8 @@ class TD3ActorStep(FastUpdate):
 
         self.step = CompiledStep(step, t.mutated(), device, options)
 
-    def inputs(self, batch: Batch, polyak_due: bool, adapting: bool) -> list[torch.Tensor]:
-        return [batch["obs"], self.tau_on if polyak_due else self.tau_off]
+    def inputs(self, batch: Batch, with_polyak: bool) -> list[torch.Tensor]:
+        return [batch["obs"], self.tau_on if with_polyak else self.tau_off]
 
     def update(self, batch: Batch, want_metrics: bool) -> dict[str, float]:
         (loss,) = self.run(batch, self.part.updates + 1, True)
@@ -215,7 +216,7 @@ class SACActorStep(FastUpdate):
         mutated = t.mutated() + ([log_alpha.detach(), *alpha_adam.tensors()] if alpha_adam else [])
         self.step = CompiledStep(step, mutated, device, options)
 
-    def inputs(self, batch: Batch, polyak_due: bool, adapting: bool) -> list[torch.Tensor]:
+    def inputs(self, batch: Batch, with_polyak: bool) -> list[torch.Tensor]:
         return [batch["obs"], _noise(self.part, batch)]
 
     def _dummy_inputs(self, batch: Batch) -> list[torch.Tensor]:

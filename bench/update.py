@@ -143,7 +143,7 @@ def compile_probe(algo: str, hidden: tuple[int, ...], batch: int, threads: int, 
     """Print the seconds to build and compile (on CUDA: and capture) the fused steps of
     ``algo`` (run in a fresh process; the kernel cache is ``TORCHINDUCTOR_CACHE_DIR``)."""
     torch.set_num_threads(threads)
-    cfg = bench_config(algo, batch, hidden, threads, device, batch, 1.0, Path("."))
+    cfg = bench_config(algo, batch, hidden, threads, device, 64 * batch, 1.0, Path("."))
     t0 = time.perf_counter()
     layout, low, high = env_spec(cfg.env)
     actor, critic = make_parts(algo, layout.obs_dim, layout.act_dim, low, high, cfg.algo_config,

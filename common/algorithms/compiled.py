@@ -220,16 +220,17 @@ class CompiledStep:
         static = [t.detach().clone() for t in inputs]
         saved = self._snapshot()
         try:
-            side = torch.cuda.Stream(self.device)
-            side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(side):
-                for _ in range(CUDA_SIDE_CALLS):
-                    self.run(*static)
-            torch.cuda.current_stream(self.device).wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            # thread_local: the event loop may copy a batch to the device while a worker captures
-            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-                outputs = self.run(*static)
+            with torch.cuda.device(self.device):  # a worker thread starts on device 0
+                side = torch.cuda.Stream(self.device)
+                side.wait_stream(torch.cuda.current_stream(self.device))
+                with torch.cuda.stream(side):
+                    for _ in range(CUDA_SIDE_CALLS):
+                        self.run(*static)
+                torch.cuda.current_stream(self.device).wait_stream(side)
+                graph = torch.cuda.CUDAGraph()
+                # thread_local: the event loop may copy a batch to the device while a worker captures
+                with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                    outputs = self.run(*static)
         finally:
             self._restore(saved)
         self.compile_s += time.perf_counter() - t0

@@ -48,6 +48,8 @@ class LearnerBase(Service):
     def setup(self, device_name: str, shared: bool) -> tuple[ActorPart, CriticPart]:
         torch.set_num_threads(self.cfg.learner.threads)
         self.device = device_of(device_name)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)  # streams and CUDA graphs default to this device
         self.layout, low, high = env_spec(self.cfg.env)
         actor, critic = make_parts(self.cfg.algo, self.layout.obs_dim, self.layout.act_dim, low, high,
                                    self.cfg.algo_config, self.device, shared, self.cfg.seed,

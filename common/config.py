@@ -72,7 +72,7 @@ class LearnerConfig:
     mode: str = "fused"  # fused: one process for actor and critics | split: actor_learner + critic_learner
     batch_size: int = 256  # transitions per gradient update
     prefetch: int = 4  # sample requests kept in flight per learner
-    batches_per_request: int = 1  # update batches per sample request (one message and one device copy for all)
+    batches_per_request: int = 4  # update batches per sample request (one message and one device copy for all; uniform sampling makes them independent)
     sync_every: int = 2  # split mode: updates between actor <-> critic weight exchanges (K)
     max_lag: int = 64  # split mode: critic updates the critic may run ahead of the actor it uses
     publish_interval: float = 0.05  # seconds between actor weight publishes to samplers/evaluator
@@ -80,6 +80,9 @@ class LearnerConfig:
     critic_device: str = "cpu"  # torch device of the critic_learner (split mode); auto as for actor_device
     threads: int = 1  # torch intra-op threads per learner process
     checkpoint_every_s: float = 60.0  # seconds between learner state checkpoints
+    compile: bool = True  # torch.compile the update steps (compiled during the random warm-up); false = the eager reference
+    cuda_graphs: bool = True  # on CUDA, capture each compiled step as a CUDA graph (one launch per update)
+    compile_cache: str = "user"  # compiled kernels on disk: user (~/.cache/spreeze, shared by runs) | run (run_dir) | a directory
 
     def validate(self) -> None:
         _choice(self, "mode", ("fused", "split"))
@@ -89,6 +92,8 @@ class LearnerConfig:
             raise ConfigError(f"learner.prefetch={self.prefetch!r} must be <= {MAX_PREFETCH} "
                               "(the sample socket's high-water mark)")
         _non_negative(self, "publish_interval")
+        if not isinstance(self.compile_cache, str) or not self.compile_cache.strip():
+            raise ConfigError(f"learner.compile_cache={self.compile_cache!r} must be user, run or a directory")
         for name in ("actor_device", "critic_device"):
             value = getattr(self, name)
             if not (value in ("cpu", "cuda", "auto") or value.startswith("cuda:")):

@@ -91,14 +91,20 @@ class GaussianActor(nn.Module):
         return mean, self._lo + self._half_range * (torch.tanh(raw) + 1.0)
 
     def forward(self, obs: torch.Tensor, deterministic: bool = False,
-                generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(action [B, act_dim], log_prob [B]); deterministic uses the mean (log_prob at eps=0)."""
+                generator: torch.Generator | None = None,
+                eps: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(action [B, act_dim], log_prob [B]); deterministic uses the mean (log_prob at eps=0).
+
+        ``eps``: the standard normal draw [B, act_dim] to use (a compiled step draws it
+        outside the graph from the part's generator); ``None`` draws it from ``generator``.
+        """
         mean, log_std = self.dist_params(obs)
         if deterministic:
             u = mean
             gauss = -log_std - HALF_LOG_2PI
         else:
-            eps = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
+            if eps is None:
+                eps = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
             u = torch.addcmul(mean, eps, log_std.exp())
             gauss = -0.5 * eps.square() - log_std - HALF_LOG_2PI
         # log(1 - tanh(u)^2) = 2 * (log 2 - u - softplus(-2u)), stable for large |u|.
@@ -122,3 +128,37 @@ class TwinCritic(nn.Module):
     def q1(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         """First critic only (TD3's policy gradient uses Q1)."""
         return self.qf1(torch.cat([obs, action], dim=-1)).squeeze(-1)
+
+
+def twin_q(params: Sequence[torch.Tensor], obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+    """Both critics of a :class:`TwinCritic` as one batched network: [2, B] (Q1, Q2).
+
+    ``params``: the TwinCritic's parameters in ``parameters()`` order (qf1's weight, bias per
+    layer, then qf2's). Each layer's two weight matrices are stacked and applied with one
+    batched matmul, so the twins cost one kernel per layer instead of two; the first layer
+    shares its input, so it is one matmul of the concatenated weights.
+    """
+    half = len(params) // 2
+    x = torch.cat([obs, action], dim=-1)
+    w0 = torch.cat([params[0], params[half]])  # [2 * h0, in]
+    b0 = torch.cat([params[1], params[half + 1]])
+    h = torch.relu(torch.addmm(b0, x, w0.t())).view(x.shape[0], 2, -1).transpose(0, 1)
+    layers = half // 2
+    for i in range(1, layers):
+        w = torch.stack([params[2 * i], params[half + 2 * i]])  # [2, out, in]
+        b = torch.stack([params[2 * i + 1], params[half + 2 * i + 1]]).unsqueeze(1)
+        h = torch.baddbmm(b, h, w.transpose(1, 2))
+        if i < layers - 1:
+            h = torch.relu(h)
+    return h.squeeze(-1)
+
+
+def q1_only(params: Sequence[torch.Tensor], obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+    """The first critic of a :class:`TwinCritic` from its ``parameters()`` list: [B]."""
+    h = torch.cat([obs, action], dim=-1)
+    layers = len(params) // 4
+    for i in range(layers):
+        h = torch.nn.functional.linear(h, params[2 * i], params[2 * i + 1])
+        if i < layers - 1:
+            h = torch.relu(h)
+    return h.squeeze(-1)

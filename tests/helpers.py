@@ -35,7 +35,8 @@ T = TypeVar("T")
 
 SMALL = ["env=Pendulum-v1", "td3.hidden=[32,32]", "sac.hidden=[32,32]", "replay.capacity=5000",
          "replay.min_size=64", "sampler.warmup_steps=0", "sampler.envs_per_sampler=2",
-         "sampler.steps_per_push=8", "learner.batch_size=32", "learner.prefetch=2",
+         "sampler.steps_per_push=8", "learner.batch_size=32", "learner.prefetch=2", "learner.compile=false",
+         "learner.batches_per_request=1",
          "eval.episodes=1", "eval.video_every=0", "supervisor.heartbeat_interval=0.05"]
 
 

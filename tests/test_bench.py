@@ -55,7 +55,8 @@ def test_bench_sampling_smoke(tmp_path: Path) -> None:
 def test_bench_update_smoke(tmp_path: Path) -> None:
     out = tmp_path / "update.json"
     assert cli(["bench", "update", "--algo", "td3", "--batch-sizes", "64", "--hidden", "32", "32",
-                "--seconds", "3", "--fill", "2000", "--json", str(out), "--out", str(tmp_path / "runs")]) == 0
+                "--seconds", "3", "--fill", "2000", "--json", str(out), "--out", str(tmp_path / "runs"),
+                "--no-compile-times", f"learner.compile_cache={tmp_path / 'runs' / 'compile-cache'}"]) == 0
     result = json.loads(out.read_text())
     assert result["bench"] == "update" and result["hidden"] == [32, 32]
     (row,) = result["results"]
@@ -64,6 +65,9 @@ def test_bench_update_smoke(tmp_path: Path) -> None:
     assert row["spreeze_frame_rate"] == pytest.approx(64 * row["spreeze_updates_per_s"])
     assert row["plain_frame_rate"] == pytest.approx(64 * row["plain_updates_per_s"])
     assert row["ratio"] == pytest.approx(row["spreeze_updates_per_s"] / row["plain_updates_per_s"])
+    assert row["compiled_updates_per_s"] > 0 and row["eager_updates_per_s"] > 0
+    assert row["compiled_over_eager"] == pytest.approx(row["compiled_updates_per_s"] / row["eager_updates_per_s"])
+    assert row["inproc_compile_s_runs"][0] > 0 and result["compile_s"] == {}
     assert 0 <= row["spreeze_batch_wait_fraction"] <= 1.05  # a share of the time (clocks of two processes)
     # the learner really trained on the filled replay, through the sockets
     assert (tmp_path / "runs" / "r0-td3-b64" / "checkpoints" / "learner.pt").exists()

@@ -237,3 +237,37 @@ def test_a_restarted_critic_learner_continues_from_its_checkpoint(tmp_path: Path
             ckpt = torch.load(checkpoint_dir(str(tmp_path)) / "critic_learner.pt", weights_only=False)
             assert ckpt["versions"] == {"critic": 5, "actor_seen": 0} and "torch_rng" in ckpt
     run(body())
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("mode", ["fused", "split"])
+def test_learners_compile_during_warm_up_then_update_compiled(tmp_path: Path, mode: str) -> None:
+    overrides = ["learner.compile=true", "learner.compile_cache=run", "td3.hidden=[8,8]",
+                 *(SPLIT if mode == "split" else ["replay.update_to_data=0"])]
+
+    async def body() -> None:
+        async with Harness(config(tmp_path, *overrides)) as h:
+            await replay_with(h)
+            roles = [Learner] if mode == "fused" else [CriticLearner, ActorLearner]
+            learners = [h.build(cls) for cls in roles]
+            for lrn in learners:
+                h.start(lrn.serve())
+            await until(lambda: all(getattr(lrn, "fast", None) for lrn in learners), timeout=60,
+                        what="compiled steps built")
+            counted = (lambda lrn: lrn.actor.updates) if mode == "fused" else (
+                lambda lrn: (lrn.critic if hasattr(lrn, "critic") else lrn.actor).updates)
+            await until(lambda: all(counted(lrn) >= 6 for lrn in learners), timeout=200,
+                        what="compiled updates")
+            for lrn in learners:
+                assert lrn.compiling is None and lrn.settled
+                m = lrn.compile_metrics()
+                assert m["compile_s"] > 0 and m["compiles"] == len(lrn.fast)  # one graph per step
+            if mode == "fused":  # a new batch size compiles off the event loop, then takes over
+                (lrn,) = learners
+                lrn.set_param("batch_size", 16)
+                assert lrn.batches.batch_size == 32 and not lrn.settled
+                await until(lambda: lrn.batches.batch_size == 16, timeout=120, what="batch size 16")
+                done = counted(lrn)
+                await until(lambda: counted(lrn) >= done + 4, timeout=30, what="updates at batch 16")
+                assert lrn.compile_metrics()["compiles"] == 2 * len(lrn.fast)
+    run(body(), timeout=230)

@@ -134,3 +134,12 @@ def test_fused_learner_reads_out_on_an_actor_update() -> None:
         due_at = [n + 1 for n in range(4 * LOSS_EVERY * delay) if due(n, delay)]
         assert due_at[0] == 1 and len(due_at) >= 3
         assert all(n % delay == 0 and n % LOSS_EVERY == 0 for n in due_at[1:])
+
+
+def test_line_shows_compile_seconds_of_the_slowest_learner(tmp_path: Path) -> None:
+    p = progress(tmp_path)
+    p.take(Metrics("critic_learner", {"updates": 200, "update_frame_rate": 6400.0, "compile_s": 12.4}))
+    p.take(Metrics("actor_learner", {"updates": 100, "compile_s": 7.0}))
+    head, compiled = p.line().split(" | compiled ")
+    assert DENSE_LINE.match(head) and compiled == "12s"
+    p.close()

@@ -23,6 +23,9 @@ from common.algorithms.base import (critic_step, load_critics, save_critics, Bat
 from common.algorithms.base import frozen_copy, make_generator, seeded
 from common.algorithms.build import ACTOR_INIT, ACTOR_RNG, CRITIC_RNG, Sparsifier, critics, sub_seed
 from common.algorithms.descriptor import Algorithm, NumpyLayout
+from common.algorithms import steps
+from common.algorithms.compiled import CompileOptions
+from common.algorithms.steps import FastUpdate
 from common.networks import GaussianActor, TwinCritic
 from common.sparse import SparseTopology
 
@@ -72,12 +75,20 @@ class SACActorPart:
         self.target_entropy = target_entropy
         self.policy_delay = 1
         self.updates = 0
+        self.fast: FastUpdate | None = None  # the compiled step, once compile() ran
         self._params = params(actor)
         self.opt = adam(self._params, cfg.actor_lr, 0.0)
         self.alpha_opt = adam([log_alpha], cfg.alpha_lr, 0.0) if cfg.autotune else None
 
+    def compile(self, options: CompileOptions) -> None:
+        """From now on update with the compiled step (common/algorithms/steps.py)."""
+        if options.enabled:
+            self.fast = steps.SACActorStep(self, options, self._params[0].device)
+
     def update(self, batch: Batch, want_metrics: bool = True) -> dict[str, float]:
         """One actor step on E[alpha*logp - min Q], then one temperature step if autotune."""
+        if self.fast is not None:
+            return self.fast.update(batch, want_metrics)
         obs = batch["obs"]
         alpha = self.log_alpha.detach().exp()
         action, logp = self.actor(obs, generator=self.generator)
@@ -135,6 +146,8 @@ class SACActorPart:
         load_sparse(d, self.sparse)
         if not self.shared:
             self.critic.load_state_dict(d["critic"])
+        if self.fast is not None:
+            self.fast.rebind()
 
 
 class SACCriticPart:
@@ -151,6 +164,7 @@ class SACCriticPart:
         self.log_alpha = log_alpha
         self.cfg, self.shared, self.generator, self.sparse = cfg, shared, generator, sparse
         self.updates = 0
+        self.fast: FastUpdate | None = None  # the compiled step, once compile() ran
         self._params = params(critic)
         self._target_params = params(critic_target)
         self.opt = adam(self._params, cfg.critic_lr, 0.0)
@@ -164,8 +178,15 @@ class SACCriticPart:
             v = torch.minimum(tq1, tq2) - self.log_alpha.exp() * next_logp
             return torch.addcmul(batch["reward"], 1.0 - batch["done"], v, value=self.cfg.gamma)
 
+    def compile(self, options: CompileOptions) -> None:
+        """From now on update with the compiled step (common/algorithms/steps.py)."""
+        if options.enabled:
+            self.fast = steps.sac_critic(self, options, self._params[0].device)
+
     def update(self, batch: Batch, want_metrics: bool = True) -> dict[str, float]:
         """One critic step, then Polyak the critic targets."""
+        if self.fast is not None:
+            return self.fast.update(batch, want_metrics)
         return critic_step(self, batch, self.td_target(batch), True, want_metrics)
 
     def critic_state(self) -> State:
@@ -193,6 +214,8 @@ class SACCriticPart:
             self.actor.load_state_dict(d["actor"])
             with torch.no_grad():
                 self.log_alpha.copy_(d["log_alpha"])
+        if self.fast is not None:
+            self.fast.rebind()
 
 
 def build(obs_dim: int, act_dim: int, low: np.ndarray, high: np.ndarray, cfg: SACConfig,

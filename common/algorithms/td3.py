@@ -23,6 +23,9 @@ from common.algorithms.base import (critic_step, load_critics, save_critics, Bat
 from common.algorithms.base import frozen_copy, make_generator, seeded
 from common.algorithms.build import ACTOR_INIT, CRITIC_RNG, Sparsifier, critics, sub_seed, track
 from common.algorithms.descriptor import Algorithm, NumpyLayout
+from common.algorithms import steps
+from common.algorithms.compiled import CompileOptions
+from common.algorithms.steps import FastUpdate
 from common.networks import DeterministicActor, TwinCritic
 from common.sparse import SparseTopology
 
@@ -72,12 +75,20 @@ class TD3ActorPart:
         self.cfg, self.shared, self.sparse = cfg, shared, sparse
         self.policy_delay = cfg.policy_delay
         self.updates = 0
+        self.fast: FastUpdate | None = None  # the compiled step, once compile() ran
         self._params = params(actor)
         self._target_params = params(actor_target)
         self.opt = adam(self._params, cfg.actor_lr, cfg.weight_decay)
 
+    def compile(self, options: CompileOptions) -> None:
+        """From now on update with the compiled step (common/algorithms/steps.py)."""
+        if options.enabled:
+            self.fast = steps.TD3ActorStep(self, options, self._params[0].device)
+
     def update(self, batch: Batch, want_metrics: bool = True) -> dict[str, float]:
         """One deterministic policy gradient step on -Q1(s, pi(s)), then Polyak the target actor."""
+        if self.fast is not None:
+            return self.fast.update(batch, want_metrics)
         obs = batch["obs"]
         loss = -self.critic.q1(obs, self.actor(obs)).mean()
         self.opt.zero_grad(set_to_none=True)
@@ -118,6 +129,8 @@ class TD3ActorPart:
         load_sparse(d, self.sparse)
         if not self.shared:
             self.critic.load_state_dict(d["critic"])
+        if self.fast is not None:
+            self.fast.rebind()
 
 
 class TD3CriticPart:
@@ -134,6 +147,7 @@ class TD3CriticPart:
         self.critic, self.critic_target, self.actor_target = critic, critic_target, actor_target
         self.cfg, self.shared, self.generator, self.sparse = cfg, shared, generator, sparse
         self.updates = 0
+        self.fast: FastUpdate | None = None  # the compiled step, once compile() ran
         self._params = params(critic)
         self._target_params = params(critic_target)
         self.opt = adam(self._params, cfg.critic_lr, cfg.weight_decay)
@@ -156,8 +170,15 @@ class TD3CriticPart:
             return torch.addcmul(batch["reward"], 1.0 - batch["done"], torch.minimum(tq1, tq2),
                                  value=self.cfg.gamma)
 
+    def compile(self, options: CompileOptions) -> None:
+        """From now on update with the compiled step (common/algorithms/steps.py)."""
+        if options.enabled:
+            self.fast = steps.td3_critic(self, options, self._params[0].device)
+
     def update(self, batch: Batch, want_metrics: bool = True) -> dict[str, float]:
         """One critic step; Polyak the critic targets on every ``policy_delay``-th update."""
+        if self.fast is not None:
+            return self.fast.update(batch, want_metrics)
         targets_due = (self.updates + 1) % self.cfg.policy_delay == 0
         return critic_step(self, batch, self.td_target(batch), targets_due, want_metrics)
 
@@ -181,6 +202,8 @@ class TD3CriticPart:
         load_critics(self, d)
         if not self.shared:
             self.actor_target.load_state_dict(d["actor_target"])
+        if self.fast is not None:
+            self.fast.rebind()
 
 
 def build(obs_dim: int, act_dim: int, low: np.ndarray, high: np.ndarray, cfg: TD3Config,

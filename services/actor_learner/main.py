@@ -40,6 +40,7 @@ class ActorLearner(LearnerBase):
         critics = WeightsFollower(self.channel("weights", binding=False, name="critic_sync"))
         self.send_sync(to_critic)
         self.publish_actor(to_samplers, self.actor)
+        self.start_compile(self.actor)
         last_publish = time.monotonic()
         while self.running:
             newest = critics.poll().get("critic")
@@ -52,6 +53,7 @@ class ActorLearner(LearnerBase):
             batch = await self.batches.next(self.stopping)
             if batch is None:
                 break
+            await self.until_compiled()
             want = self.actor.updates % LOSS_EVERY == 0
             metrics = self.actor.update(batch, want_metrics=want)
             if want:

@@ -43,6 +43,7 @@ class CriticLearner(LearnerBase):
         actors = WeightsFollower(self.channel("weights", binding=False, name="actor_sync"))
         latest: dict[str, Weights] = {}
         self.send_sync(to_actor)
+        self.start_compile(self.critic)
         while self.running:
             newest = actors.poll()
             if newest:
@@ -54,6 +55,7 @@ class CriticLearner(LearnerBase):
             batch = await self.batches.next(self.stopping)
             if batch is None:
                 break
+            await self.until_compiled()
             want = self.critic.updates % LOSS_EVERY == 0
             metrics = self.critic.update(batch, want_metrics=want)
             if want:
@@ -72,6 +74,8 @@ class CriticLearner(LearnerBase):
 
     def send_sync(self, pub: WeightsPublisher) -> None:
         """The critics to the actor-learner (masked weights sparse where that is smaller)."""
+        if not self.settled:
+            return  # the initial sync happened before the compile; updates wait for it
         sparse = self.critic.sparse.names if self.critic.sparse is not None else None
         pub.publish(weights_message("critic", self.critic.updates, self.critic.updates,
                                     self.critic.critic_state(), sparse))

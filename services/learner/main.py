@@ -33,12 +33,14 @@ class Learner(LearnerBase):
             self.updates = int(saved["updates"])
         self.ready = True
         self.publish_actor(pub, self.actor)
+        self.start_compile(self.actor, self.critic)
         last_publish = time.monotonic()
         interval = self.cfg.learner.publish_interval
         while self.running:
             batch = await self.batches.next(self.stopping)
             if batch is None:
                 break
+            await self.until_compiled()
             want = self.read_out_due()
             metrics = fused_step(self.actor, self.critic, batch, want_metrics=want)
             self.updates += 1

@@ -131,7 +131,13 @@ class Progress:
         return (f"[{s['elapsed']:6.0f}s] steps {s['env_steps']:,}/{self.total_steps:,} | "
                 f"updates {s['updates']:,} | sampling {s['sampling_hz']:,.0f} Hz | "
                 f"update {s['update_frame_rate'] / 1000:,.1f}k fr/s | utd {s['update_to_data']:.2f} | "
-                f"eval {ev} | left {rem}{self.sparse_part()}{self.stall_part()}")
+                f"eval {ev} | left {rem}{self.compile_part()}{self.sparse_part()}{self.stall_part()}")
+
+    def compile_part(self) -> str:
+        """`` | compiled 12s`` once the learners report compile seconds (learner.compile), else ``""``."""
+        seconds = [float(v["compile_s"]) for role in LEARNER_ROLES for v in self._by_role(role)
+                   if "compile_s" in v]
+        return f" | compiled {max(seconds):.0f}s" if seconds else ""
 
     def stall_part(self) -> str:
         """`` | stalled since 20k`` while `stall()` says the run is not learning, else ``""``."""

@@ -1,0 +1,236 @@
+"""The TD3 and SAC updates as compiled steps (machinery: common/algorithms/compiled.py).
+
+Each step does exactly what the part's eager ``update`` does, as one function:
+
+- the twin critics run as one batched network (:func:`common.networks.twin_q`);
+- gradients come from ``torch.func.grad_and_value`` and Adam is written out
+  (:class:`~common.algorithms.compiled.AdamState`, torch's formula, torch's state tensors);
+- the noise (TD3's target smoothing, SAC's reparameterisation) is drawn *outside* the graph
+  from the part's own generator, in the eager order, so compiled and eager parts, fused and
+  split, draw identical noise;
+- the Polyak rate is an input: 0 on an update without a target update, so TD3's every
+  ``policy_delay``-th target update is the same graph as the others;
+- what cannot be a fixed graph runs eagerly around it, as rarely as in the eager part: the
+  sparse topology adaptation every ``sparse.every`` updates (on that update the Polyak step
+  moves after it, as in the eager order) and the target pruning that follows one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.func import functional_call, grad_and_value
+
+from common.algorithms.base import Batch, polyak, scalars, sparse_prune, with_sparse
+from common.algorithms.compiled import AdamState, CompiledStep, CompileOptions, Trained
+from common.networks import q1_only, twin_q
+
+BATCH_KEYS = ("obs", "action", "reward", "next_obs", "done")
+TargetFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _noise(part: Any, batch: Batch) -> torch.Tensor:
+    """A standard normal draw of the action batch's shape from the part's generator."""
+    a = batch["action"]
+    return torch.randn(a.shape, generator=part.generator, device=a.device, dtype=a.dtype)
+
+
+def _taus(tau: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    return (torch.tensor(tau, dtype=torch.float32, device=device),
+            torch.zeros((), dtype=torch.float32, device=device))
+
+
+class FastUpdate:
+    """Shared by the steps: the compiled function, its warm-up, and the eager work around it."""
+
+    step: CompiledStep
+    trained: Trained
+
+    def __init__(self, part: Any, tau: float, device: torch.device) -> None:
+        self.part, self.tau = part, tau
+        self.tau_on, self.tau_off = _taus(tau, device)
+
+    def inputs(self, batch: Batch, with_polyak: bool) -> list[torch.Tensor]:
+        """The step's arguments for this batch (noise drawn now; Polyak rate 0 unless ``with_polyak``)."""
+        raise NotImplementedError
+
+    def warm_up(self, batch: Batch) -> float:
+        """Compile for this batch's shapes on it (a dummy batch will do), changing no state;
+        returns the seconds it took."""
+        return self.step.warm_up(*self._dummy_inputs(batch))
+
+    def _dummy_inputs(self, batch: Batch) -> list[torch.Tensor]:
+        return self.inputs(batch, True)
+
+    def rebind(self) -> None:
+        """After the part loaded a checkpoint: keep the optimizer state at its addresses."""
+        self.trained.adam.rebind()
+
+    def run(self, batch: Batch, n: int, polyak_due: bool) -> tuple[torch.Tensor, ...]:
+        """Update number ``n`` of the part: the compiled step, then the eager topology work."""
+        sparse = self.part.sparse
+        adapting = sparse is not None and sparse.due(n)
+        out = self.step(*self.inputs(batch, polyak_due and not adapting))
+        if adapting:
+            sparse.adapt(self.part.opt)
+            if polyak_due:
+                polyak(self.trained.targets, self.trained.params, self.tau)
+        if polyak_due:
+            sparse_prune(sparse)
+        return out
+
+
+class CriticStep(FastUpdate):
+    """TD3 / SAC critic update: TD target (``target_fn``), twin regression, Adam, Polyak."""
+
+    def __init__(self, part: Any, target_fn: TargetFn, polyak_every: int, options: CompileOptions,
+                 device: torch.device) -> None:
+        super().__init__(part, part.cfg.tau, device)
+        self.polyak_every = polyak_every
+        t = self.trained = Trained(part._params, part.opt, part._target_params, part.sparse)
+
+        def step(obs: torch.Tensor, action: torch.Tensor, reward: torch.Tensor, next_obs: torch.Tensor,
+                 done: torch.Tensor, noise: torch.Tensor, tau: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            with torch.no_grad():
+                y = target_fn(next_obs, reward, done, noise)
+
+            def loss_fn(ps: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+                q = twin_q(ps, obs, action)
+                return (q - y).square().mean(1).sum(), q[0].mean()
+
+            grads, (loss, q_mean) = grad_and_value(loss_fn, has_aux=True)(t.inputs())
+            with torch.no_grad():
+                t.apply_(grads, tau)
+            return loss.detach(), q_mean.detach()
+
+        self.step = CompiledStep(step, t.mutated(), device, options)
+
+    def inputs(self, batch: Batch, with_polyak: bool) -> list[torch.Tensor]:
+        return [*(batch[k] for k in BATCH_KEYS), _noise(self.part, batch),
+                self.tau_on if with_polyak else self.tau_off]
+
+    def _dummy_inputs(self, batch: Batch) -> list[torch.Tensor]:
+        return [*(batch[k] for k in BATCH_KEYS), torch.randn_like(batch["action"]), self.tau_on]
+
+    def update(self, batch: Batch, want_metrics: bool) -> dict[str, float]:
+        n = self.part.updates + 1
+        loss, q_mean = self.run(batch, n, n % self.polyak_every == 0)
+        self.part.updates = n
+        if not want_metrics:
+            return {}
+        return with_sparse(scalars([("critic_loss", loss), ("q_mean", q_mean)]), self.part.sparse)
+
+
+def td3_critic(part: Any, options: CompileOptions, device: torch.device) -> CriticStep:
+    cfg, targets, actor_target = part.cfg, part._target_params, part.actor_target
+    scale, low, high = part._scale, part._low, part._high
+
+    def target_fn(next_obs: torch.Tensor, reward: torch.Tensor, done: torch.Tensor,
+                  noise: torch.Tensor) -> torch.Tensor:
+        a = actor_target(next_obs)
+        noise = (noise * cfg.policy_noise).clamp(-cfg.noise_clip, cfg.noise_clip)
+        a = torch.clamp(torch.addcmul(a, noise, scale), low, high)
+        tq = twin_q(targets, next_obs, a)
+        return torch.addcmul(reward, 1.0 - done, torch.minimum(tq[0], tq[1]), value=cfg.gamma)
+
+    return CriticStep(part, target_fn, cfg.policy_delay, options, device)
+
+
+def sac_critic(part: Any, options: CompileOptions, device: torch.device) -> CriticStep:
+    cfg, targets, actor, log_alpha = part.cfg, part._target_params, part.actor, part.log_alpha
+
+    def target_fn(next_obs: torch.Tensor, reward: torch.Tensor, done: torch.Tensor,
+                  eps: torch.Tensor) -> torch.Tensor:
+        a, logp = actor(next_obs, eps=eps)
+        tq = twin_q(targets, next_obs, a)
+        v = torch.minimum(tq[0], tq[1]) - log_alpha.exp() * logp
+        return torch.addcmul(reward, 1.0 - done, v, value=cfg.gamma)
+
+    return CriticStep(part, target_fn, 1, options, device)
+
+
+class TD3ActorStep(FastUpdate):
+    """Deterministic policy gradient on -Q1(s, pi(s)), Adam, Polyak of the target actor."""
+
+    def __init__(self, part: Any, options: CompileOptions, device: torch.device) -> None:
+        super().__init__(part, part.cfg.tau, device)
+        t = self.trained = Trained(part._params, part.opt, part._target_params, part.sparse)
+        actor, names = part.actor, [n for n, _ in part.actor.named_parameters()]
+        critic = list(part.critic.parameters())
+
+        def step(obs: torch.Tensor, tau: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            qs = [p.detach() for p in critic]
+
+            def loss_fn(ps: list[torch.Tensor]) -> torch.Tensor:
+                return -q1_only(qs, obs, functional_call(actor, dict(zip(names, ps)), (obs,))).mean()
+
+            grads, loss = grad_and_value(loss_fn)(t.inputs())
+            with torch.no_grad():
+                t.apply_(grads, tau)
+            return (loss.detach(),)
+
+        self.step = CompiledStep(step, t.mutated(), device, options)
+
+    def inputs(self, batch: Batch, with_polyak: bool) -> list[torch.Tensor]:
+        return [batch["obs"], self.tau_on if with_polyak else self.tau_off]
+
+    def update(self, batch: Batch, want_metrics: bool) -> dict[str, float]:
+        (loss,) = self.run(batch, self.part.updates + 1, True)
+        self.part.updates += 1
+        return with_sparse(scalars([("actor_loss", loss)]), self.part.sparse) if want_metrics else {}
+
+
+class SACActorStep(FastUpdate):
+    """Actor step on E[alpha*logp - min Q], then the temperature step (autotune)."""
+
+    def __init__(self, part: Any, options: CompileOptions, device: torch.device) -> None:
+        super().__init__(part, 0.0, device)
+        t = self.trained = Trained(part._params, part.opt, (), part.sparse)
+        actor, names = part.actor, [n for n, _ in part.actor.named_parameters()]
+        critic, log_alpha = list(part.critic.parameters()), part.log_alpha
+        alpha_adam = AdamState(part.alpha_opt) if part.alpha_opt is not None else None
+        self.alpha_adam, target_entropy = alpha_adam, part.target_entropy
+
+        def step(obs: torch.Tensor, eps: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            qs, la = [p.detach() for p in critic], log_alpha.detach()
+            alpha = la.exp()
+
+            def loss_fn(ps: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+                a, logp = functional_call(actor, dict(zip(names, ps)), (obs,), {"eps": eps})
+                q = twin_q(qs, obs, a)
+                return (alpha * logp - torch.minimum(q[0], q[1])).mean(), logp
+
+            grads, (loss, logp) = grad_and_value(loss_fn, has_aux=True)(t.inputs())
+            with torch.no_grad():
+                t.apply_(grads, None)
+                out = (loss.detach(), alpha, -logp.mean())
+                if alpha_adam is None:
+                    return out
+                c = logp + target_entropy
+                alpha_loss = -(la * c).mean()  # before the step: la aliases log_alpha
+                alpha_adam.update_([-c.mean()])  # d/d(log_alpha) of -(log_alpha * c).mean()
+                return (*out, alpha_loss)
+
+        mutated = t.mutated() + ([log_alpha.detach(), *alpha_adam.tensors()] if alpha_adam else [])
+        self.step = CompiledStep(step, mutated, device, options)
+
+    def inputs(self, batch: Batch, with_polyak: bool) -> list[torch.Tensor]:
+        return [batch["obs"], _noise(self.part, batch)]
+
+    def _dummy_inputs(self, batch: Batch) -> list[torch.Tensor]:
+        return [batch["obs"], torch.randn_like(batch["action"])]
+
+    def rebind(self) -> None:
+        super().rebind()
+        if self.alpha_adam is not None:
+            self.alpha_adam.rebind()
+
+    def update(self, batch: Batch, want_metrics: bool) -> dict[str, float]:
+        out = self.run(batch, self.part.updates + 1, False)
+        self.part.updates += 1
+        if not want_metrics:
+            return {}
+        names = ("actor_loss", "alpha", "entropy", "alpha_loss")
+        return with_sparse(scalars(list(zip(names, out))), self.part.sparse)

@@ -1,0 +1,173 @@
+"""Compiled update steps (common/algorithms/steps.py) against the eager parts, the reference.
+
+Tiny networks and batches: compile time, not arithmetic, is what these tests pay for. The
+kernels land in a per-module cache directory, so each graph compiles once per session.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from common.algorithms import SACConfig, SparseConfig, TD3Config, fused_step, make_parts
+from common.algorithms.compiled import CompileOptions, use_compile_cache
+
+OBS, ACT, B = 5, 2, 16
+LOW, HIGH = -2.0 * np.ones(ACT, np.float32), 2.0 * np.ones(ACT, np.float32)
+UPDATES = 24
+ATOL = 2e-4  # Adam turns rounding differences in near-zero gradients into lr-sized steps
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cache(tmp_path_factory: pytest.TempPathFactory) -> None:
+    use_compile_cache(tmp_path_factory.mktemp("compile-cache"))
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo() -> None:
+    # Each part's step is its own closure of one code object; dynamo keeps at most
+    # recompile_limit (8) of them per code object. A learner process builds one per role.
+    torch._dynamo.reset()
+
+
+def _cfg(algo: str) -> TD3Config | SACConfig:
+    return TD3Config(hidden=(16, 16)) if algo == "td3" else SACConfig(hidden=(16, 16))
+
+
+CUDA = pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))
+
+
+def _parts(algo: str, shared: bool = True, sparse: SparseConfig | None = None, compiled: bool = False,
+           device: str = "cpu"):
+    actor, critic = make_parts(algo, OBS, ACT, LOW, HIGH, _cfg(algo), torch.device(device), shared, 3,
+                               sparse=sparse)
+    if compiled:
+        actor.compile(CompileOptions())
+        critic.compile(CompileOptions())
+    return actor, critic
+
+
+def _batches(n: int = 4, device: str = "cpu") -> list[dict[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(7)
+    return [{k: v.to(device) for k, v in {
+        "obs": torch.randn(B, OBS, generator=g), "action": torch.rand(B, ACT, generator=g) * 4 - 2,
+        "reward": torch.randn(B, generator=g), "next_obs": torch.randn(B, OBS, generator=g),
+        "done": (torch.rand(B, generator=g) < 0.2).float()}.items()} for _ in range(n)]
+
+
+def _tensors(actor, critic) -> dict[str, torch.Tensor]:
+    out = {f"actor.{k}": v for k, v in actor.actor.state_dict().items()}
+    out.update({f"critic.{k}": v for k, v in critic.critic.state_dict().items()})
+    out.update({f"critic_target.{k}": v for k, v in critic.critic_target.state_dict().items()})
+    if getattr(actor, "actor_target", None) is not None:
+        out.update({f"actor_target.{k}": v for k, v in actor.actor_target.state_dict().items()})
+    if getattr(actor, "log_alpha", None) is not None:
+        out["log_alpha"] = actor.log_alpha.detach()
+    return out
+
+
+def _assert_close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], atol: float = ATOL) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=atol, rtol=1e-3, msg=lambda m, k=k: f"{k}: {m}")
+
+
+def _compiles(*parts) -> list[int]:
+    return [p.fast.step.compiles for p in parts]
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+@pytest.mark.parametrize("algo", ["td3", "sac"])
+def test_compiled_agrees_with_eager_over_many_updates(algo: str, device: str) -> None:
+    """On CUDA the compiled steps are captured as CUDA graphs (CompileOptions' default)."""
+    eager, fast = _parts(algo, device=device), _parts(algo, compiled=True, device=device)
+    batches = _batches(device=device)
+    for i in range(UPDATES):
+        m_eager = fused_step(*eager, batches[i % len(batches)])
+        m_fast = fused_step(*fast, batches[i % len(batches)])
+    assert m_eager.keys() == m_fast.keys()
+    for k in m_eager:
+        assert m_fast[k] == pytest.approx(m_eager[k], rel=1e-3, abs=1e-3), k
+    _assert_close(_tensors(*eager), _tensors(*fast))
+    assert (fast[0].updates, fast[1].updates) == (eager[0].updates, eager[1].updates)
+    assert _compiles(*fast) == [1, 1]  # one graph each, TD3's Polyak and no-Polyak updates alike
+    if device == "cuda":
+        assert all(len(p.fast.step.graphs) == 1 for p in fast)  # one capture each, replayed since
+
+
+def test_warm_up_compiles_without_changing_state() -> None:
+    actor, critic = _parts("sac", compiled=True)
+    before = {k: v.clone() for k, v in _tensors(actor, critic).items()}
+    gen = critic.generator.get_state()
+    batch = _batches(1)[0]
+    assert critic.fast.warm_up(batch) > 0 and actor.fast.warm_up(batch) > 0
+    assert _compiles(actor, critic) == [1, 1]
+    _assert_close(before, _tensors(actor, critic), atol=0.0)
+    assert torch.equal(gen, critic.generator.get_state())
+    assert all(float(s["step"]) == 0.0 for s in critic.opt.state.values())
+    # ... and the first real update is the eager one's first update
+    eager = _parts("sac")
+    fused_step(*eager, batch)
+    fused_step(actor, critic, batch)
+    _assert_close(_tensors(*eager), _tensors(actor, critic))
+    assert _compiles(actor, critic) == [1, 1]
+
+
+@pytest.mark.parametrize("algo", ["td3", "sac"])
+def test_compiled_split_equals_compiled_fused(algo: str) -> None:
+    fused = _parts(algo, compiled=True)
+    actor, critic = _parts(algo, shared=False, compiled=True)
+    for i, batch in enumerate(_batches(6)):
+        fused_step(*fused, batch)
+        critic.update(batch)
+        actor.load_critic(critic.critic_state())
+        if critic.updates % actor.policy_delay == 0:
+            actor.update(batch)
+            critic.load_actor(actor.actor_state(), actor.target_actor_state(), actor.extras())
+    _assert_close(_tensors(*fused), _tensors(actor, critic), atol=0.0)
+
+
+@pytest.mark.parametrize("growth", ["random", "gradient"])
+def test_sparse_topology_updates_do_not_recompile(growth: str) -> None:
+    sparse = SparseConfig(network="ds", sparsity=0.5, every=4, growth=growth)
+    eager, fast = _parts("td3", sparse=sparse), _parts("td3", sparse=sparse, compiled=True)
+    for i in range(UPDATES):
+        batch = _batches()[i % 4]
+        fused_step(*eager, batch)
+        fused_step(*fast, batch)
+    assert fast[1].sparse.adaptations >= 5 and fast[0].sparse.adaptations >= 2
+    assert _compiles(*fast) == [1, 1]
+    for e, f in zip((eager[0].sparse, eager[1].sparse), (fast[0].sparse, fast[1].sparse)):
+        for me, mf in zip(e.masks, f.masks):
+            assert torch.equal(me, mf)
+    _assert_close(_tensors(*eager), _tensors(*fast))
+    for w, m in zip(fast[1].sparse.weights, fast[1].sparse.masks):
+        assert not w[m == 0].any()  # masked weights stay zero inside the compiled step
+
+
+def test_checkpoint_load_keeps_compiled_step() -> None:
+    actor, critic = _parts("td3", compiled=True)
+    batches = _batches()
+    for b in batches:
+        fused_step(actor, critic, b)
+    saved = (actor.save(), critic.save())
+    eager = _parts("td3")
+    eager[0].load(saved[0])
+    eager[1].load(saved[1])
+    for b in batches:  # move on, then go back to the checkpoint
+        fused_step(actor, critic, b)
+    actor.load(saved[0])
+    critic.load(saved[1])
+    for b in batches:
+        fused_step(*eager, b)
+        fused_step(actor, critic, b)
+    _assert_close(_tensors(*eager), _tensors(actor, critic))
+    assert _compiles(actor, critic) == [1, 1]
+
+
+def test_compile_disabled_keeps_eager_update() -> None:
+    actor, critic = _parts("td3")
+    actor.compile(CompileOptions(enabled=False))
+    critic.compile(CompileOptions(enabled=False))
+    assert actor.fast is None and critic.fast is None

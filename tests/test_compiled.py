@@ -118,7 +118,7 @@ def test_warm_up_compiles_without_changing_state() -> None:
 def test_compiled_split_equals_compiled_fused(algo: str) -> None:
     fused = _parts(algo, compiled=True)
     actor, critic = _parts(algo, shared=False, compiled=True)
-    for i, batch in enumerate(_batches(6)):
+    for batch in _batches(6):
         fused_step(*fused, batch)
         critic.update(batch)
         actor.load_critic(critic.critic_state())

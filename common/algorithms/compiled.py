@@ -25,8 +25,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import torch
+
+from common.sparse import SparseTopology
 
 WARMUP_CALLS = 2  # calls of each step in the warm-up: the first compiles, the second proves no recompile
 CUDA_SIDE_CALLS = 3  # side-stream calls before a CUDA graph capture (cuBLAS handles, allocator, autotune)
@@ -124,7 +127,7 @@ class Trained:
     the dense gradient kept in each parameter's ``.grad``."""
 
     def __init__(self, params: Sequence[torch.Tensor], opt: torch.optim.Optimizer,
-                 targets: Sequence[torch.Tensor] = (), sparse: object | None = None) -> None:
+                 targets: Sequence[torch.Tensor] = (), sparse: SparseTopology | None = None) -> None:
         self.params, self.adam, self.targets = list(params), AdamState(opt), list(targets)
         index = {id(p): i for i, p in enumerate(self.params)}
         self.masked = [(index[id(w)], m) for w, m in zip(sparse.weights, sparse.masks)] if sparse else []
@@ -181,7 +184,7 @@ class CompiledStep:
         # CPU: the graph's wrapper in C++ too, not Python calling ~50 small kernels (about 10 %
         # of a 64-64 update); CUDA: the captured graph already removes the launch overhead.
         patches = {"cpp_wrapper": True} if self.device.type == "cpu" else {}
-        return compile_fx(gm, example_inputs, config_patches=patches)
+        return cast(Callable[..., object], compile_fx(gm, example_inputs, config_patches=patches))
 
     def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if self.graphs is None:

@@ -64,6 +64,10 @@ class FastUpdate:
     def _dummy_inputs(self, batch: Batch) -> list[torch.Tensor]:
         return self.inputs(batch, True)
 
+    def update(self, batch: Batch, want_metrics: bool) -> dict[str, float]:
+        """One update of the part (its compiled step and the eager work around it)."""
+        raise NotImplementedError
+
     def rebind(self) -> None:
         """After the part loaded a checkpoint: keep the optimizer state at its addresses."""
         self.trained.adam.rebind()

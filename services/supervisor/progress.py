@@ -135,7 +135,7 @@ class Progress:
 
     def compile_part(self) -> str:
         """`` | compiled 12s`` once the learners report compile seconds (learner.compile), else ``""``."""
-        seconds = [float(v["compile_s"]) for role in LEARNER_ROLES for v in self._by_role(role)
+        seconds = [float(v["compile_s"]) for role in LEARNER_ROLES for v in self.by_role(role)
                    if "compile_s" in v]
         return f" | compiled {max(seconds):.0f}s" if seconds else ""
 

@@ -128,7 +128,7 @@ def test_compose_cpu_profile_on_a_real_engine(images: None) -> None:
         events = lambda: [r.get("event") for r in metrics() if r["kind"] == "event"]  # noqa: E731
         de.wait_for(lambda: "video" in events(), 600, "an evaluation video")
         assert "video_unavailable" not in events()
-        assert all_healthy()
+        de.wait_for(all_healthy, 120, "every container healthy again (a restarted one starts its checks anew)")
     except BaseException:
         logs = de.compose("logs", "--tail", "40", env=COMPOSE_ENV, check=False)
         print(logs.stdout[-20000:])

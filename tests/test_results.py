@@ -217,7 +217,7 @@ def test_arguments_overrides_anywhere_and_variants() -> None:
 @pytest.mark.timeout(240)
 def test_results_end_to_end_pendulum(tmp_path: Path) -> None:
     out = tmp_path / "results" / "Pendulum-v1.md"
-    cmd = [sys.executable, "-m", "cli", "results", "--env", "Pendulum-v1", "--total-steps", "1500",
+    cmd = [sys.executable, "-m", "cli", "results", "--env", "Pendulum-v1", "--total-steps", "3000",
            "--seeds", "0", "--modes", "dense", "ds", "replay.min_size=500", "sampler.warmup_steps=500",
            "eval.every_updates=300", "eval.episodes=1", "sparse.sparsity=0.5", "--out", str(out),
            "--runs-dir", str(tmp_path / "runs")]

@@ -13,7 +13,7 @@ For each algorithm and batch size, interleaved in one invocation:
   compiled, eager: in this process, the same networks built the same way
       (common.algorithms.make_parts, shared parts, the run's config) updated by the same
       common.algorithms.fused_step, with the parts' compiled steps (compiled after an
-      untimed warm-up) or their eager update (learner.compile=false), on batches already in
+      untimed warm-up, then guards off as in the learner) or their eager update (learner.compile=false), on batches already in
       memory (a pool of random tensors on the device, cycled, no gather), with the same
       torch threads and the learner's loss read-out cadence.
   plain: in this process, a textbook eager PyTorch loop (bench/plain.py: module calls,
@@ -47,7 +47,7 @@ import torch
 from bench.system import STARTUP_S, add_output_args, measure, rate
 from bench.plain import LOOPS
 from common.algorithms import ALGOS, fused_step, make_parts
-from common.algorithms.compiled import CACHE_ENV, CompileOptions, use_compile_cache
+from common.algorithms.compiled import CACHE_ENV, CompileOptions, check_guards, use_compile_cache
 from common.config import Config, load_config
 from common.envs import env_spec
 from common.learner_io import device_of
@@ -121,6 +121,7 @@ def inproc_rate(cfg: Config, seconds: float, side: str) -> dict[str, float]:
                 actor.compile(options)
                 critic.compile(options)
                 out["compile_s"] = critic.fast.warm_up(batches[0]) + actor.fast.warm_up(batches[0])
+                check_guards(False)  # as the learner does once its steps are compiled
 
             def step(b: dict[str, torch.Tensor], want: bool) -> None:
                 fused_step(actor, critic, b, want_metrics=want)
@@ -136,6 +137,7 @@ def inproc_rate(cfg: Config, seconds: float, side: str) -> dict[str, float]:
         out["updates_per_s"] = updates / (time.perf_counter() - start)
         return out
     finally:
+        check_guards(True)
         torch.set_num_threads(before)
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from common.algorithms import SACConfig, SparseConfig, TD3Config, fused_step, make_parts
-from common.algorithms.compiled import CompileOptions, use_compile_cache
+from common.algorithms.compiled import CompileOptions, check_guards, use_compile_cache
 
 OBS, ACT, B = 5, 2, 16
 LOW, HIGH = -2.0 * np.ones(ACT, np.float32), 2.0 * np.ones(ACT, np.float32)
@@ -171,3 +171,28 @@ def test_compile_disabled_keeps_eager_update() -> None:
     actor.compile(CompileOptions(enabled=False))
     critic.compile(CompileOptions(enabled=False))
     assert actor.fast is None and critic.fast is None
+
+
+@pytest.mark.parametrize("algo", ["td3", "sac"])
+def test_guards_off_after_compile_still_agree_with_eager_across_batch_sizes(algo: str) -> None:
+    """The learner's order: compile with guards on, updates with them off; a new batch size
+    compiles with guards on again, after which both cached graphs run with guards off."""
+    eager, fast = _parts(algo), _parts(algo, compiled=True)
+    small, large = _batches(3), [{k: torch.cat([v, v]) for k, v in b.items()} for b in _batches(3)]
+    try:
+        for part in fast:
+            part.fast.warm_up(small[0])
+        check_guards(False)
+        for phase in (small, large, small):
+            if phase is large:
+                check_guards(True)
+                for part in fast:
+                    part.fast.warm_up(large[0])
+                check_guards(False)
+            for batch in phase:
+                fused_step(*eager, batch)
+                fused_step(*fast, batch)
+    finally:
+        check_guards(True)
+    _assert_close(_tensors(*eager), _tensors(*fast))
+    assert _compiles(*fast) == [2, 2]  # one graph per batch size, none made with guards off

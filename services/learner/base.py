@@ -28,7 +28,7 @@ import torch
 import torch._dynamo  # noqa: F401
 
 from common.algorithms import ActorPart, CriticPart, make_parts
-from common.algorithms.compiled import CompileOptions, compile_cache_dir, use_compile_cache
+from common.algorithms.compiled import CompileOptions, check_guards, compile_cache_dir, use_compile_cache
 from common.config import with_batch_size
 from common.errors import ConfigError
 from common.envs import env_spec
@@ -96,6 +96,7 @@ class LearnerBase(Service):
         `until_compiled` awaits it, then makes ``batch_size`` the one requested from replay."""
         dummy = self.layout.columns(torch.randn((batch_size, self.layout.width), device=self.device))
         steps = list(self.fast)
+        check_guards(True)  # the new graphs are made with guards; off again once they are done
         self.compiling = asyncio.create_task(asyncio.to_thread(
             lambda: sum(fast.warm_up(dummy) for fast in steps)))
         self.compiling_for = batch_size
@@ -108,6 +109,7 @@ class LearnerBase(Service):
         try:
             seconds = await self.compiling
             log.info("update steps compiled for batch size %d in %.1f s", self.compiling_for, seconds)
+            check_guards(False)
         except Exception as exc:  # noqa: BLE001 - any compiler failure: train eagerly instead
             log.warning("compiling the update steps failed, updating eagerly: %s: %s",
                         type(exc).__name__, exc)

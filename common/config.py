@@ -140,7 +140,8 @@ class SupervisorConfig:
     backoff: float = 1.0  # first restart delay in seconds, doubled per restart in the window
     progress_every: float = 5.0  # seconds between console progress lines
     auto: bool = True  # pick samplers, envs, batch, learner placement, threads from the hardware (set values kept)
-    tune: bool = False  # re-tune samplers, envs per sampler, batch size while training (set values pinned)
+    tune: bool = True  # re-tune samplers, envs per sampler, batches per request while training (set values pinned; learning dynamics unchanged)
+    tune_batch: bool = False  # the tuner may change learner.batch_size too (changes what each update learns from: opt-in)
     tune_window: float = 10.0  # seconds of metrics behind each tuning measurement
     tune_settle: float = 4.0  # seconds after a tuning change before its measurement starts
     tune_min_gain: float = 0.05  # relative update-frame-rate gain a tried change must bring to be kept
@@ -149,6 +150,7 @@ class SupervisorConfig:
     max_envs_per_sampler: int = 64  # most envs per sampler the tuner may set
     min_batch_size: int = 32  # smallest batch size the tuner may set
     max_batch_size: int = 1024  # largest batch size the tuner may set (larger rarely learns faster per step)
+    max_batches_per_request: int = 16  # most update batches per sample request the tuner may set
     mode: str = "embedded"  # embedded: start every service as a child | hub: start none, services register (compose)
     socket_dir: str = ""  # directory of the run's ipc:// sockets ("" = a new private one in /tmp)
     listen: str = ""  # tcp://HOST:PORT: control on PORT, metrics_in, experience, actor_weights on PORT+1..3
@@ -160,7 +162,8 @@ class SupervisorConfig:
 
     def validate(self) -> None:
         _positive(self, "heartbeat_interval", "liveness", "start_timeout", "restart_window", "progress_every",
-                  "tune_window", "max_envs_per_sampler", "min_batch_size", "max_batch_size", "remote_patience")
+                  "tune_window", "max_envs_per_sampler", "min_batch_size", "max_batch_size",
+                  "max_batches_per_request", "remote_patience")
         _non_negative(self, "max_restarts", "backoff", "tune_settle", "tune_min_gain", "tune_cooldown",
                       "max_samplers")
         _choice(self, "mode", ("embedded", "hub"))
@@ -263,13 +266,22 @@ class Config:
         return int(self.total_steps * self.replay.update_to_data)
 
 
-def with_batch_size(cfg: Config, value: Any, who: str) -> Config:
-    """`cfg` with learner.batch_size = `value`: the one way a running run changes its batch size
-    (the supervisor's tuning, and the `set batch_size` command in replay and the learners)."""
-    if type(value) is not int or not 0 < value <= cfg.replay.capacity:
-        raise ConfigError(f"{who}: cannot set batch_size={value!r} "
-                          f"(settable: batch_size in 1..{cfg.replay.capacity}, the replay capacity)")
-    return dataclasses.replace(cfg, learner=dataclasses.replace(cfg.learner, batch_size=value))
+RUNTIME_LEARNER_KEYS = ("batch_size", "batches_per_request")  # learner.* a running run may change
+
+
+def with_learner_setting(cfg: Config, key: str, value: Any, who: str) -> Config:
+    """`cfg` with learner.<key> = `value` for a key in RUNTIME_LEARNER_KEYS: the one way a running
+    run changes them (the supervisor's tuning, and the `set` command in replay and the learners)."""
+    settable = ", ".join(RUNTIME_LEARNER_KEYS)
+    if key not in RUNTIME_LEARNER_KEYS:
+        raise ConfigError(f"{who}: cannot set {key}={value!r} (settable: {settable})")
+    lc = cfg.learner
+    rows = (value if key == "batch_size" else lc.batch_size) * (
+        value if key == "batches_per_request" else lc.batches_per_request) if type(value) is int else 0
+    if type(value) is not int or value <= 0 or rows > cfg.replay.capacity:
+        raise ConfigError(f"{who}: cannot set {key}={value!r} (a positive int; batch_size x batches_per_request "
+                          f"at most {cfg.replay.capacity}, the replay capacity)")
+    return dataclasses.replace(cfg, learner=dataclasses.replace(lc, **{key: value}))
 
 
 # ------------------------------------------------------------------ validation helpers

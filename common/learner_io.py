@@ -39,7 +39,7 @@ class BatchStream:
         self.next_id = 0
         self.in_flight = 0
         self.ready: deque[Batch] = deque()  # batches of the newest reply not yet used
-        self.asked: dict[int, int] = {}  # rows asked per request in flight (the batch size may change)
+        self.asked: dict[int, tuple[int, int]] = {}  # (rows, batches) per request in flight (both may change)
         self.inserted = 0  # env steps replay had seen at the newest batch
         self.wait_s = 0.0  # time spent waiting for batches (transport + rate limiting)
         channel.watch_connects()
@@ -50,8 +50,8 @@ class BatchStream:
             self.asked.clear()
         while self.in_flight < self.prefetch:
             self.next_id += 1
-            self.asked[self.next_id] = self.batch_size * self.per_request
-            await self.channel.send(SampleRequest(self.next_id, self.asked[self.next_id]))
+            self.asked[self.next_id] = (self.batch_size * self.per_request, self.per_request)
+            await self.channel.send(SampleRequest(self.next_id, self.batch_size * self.per_request))
             self.in_flight += 1
 
     async def next(self, stop: asyncio.Event) -> Batch | None:
@@ -82,7 +82,7 @@ class BatchStream:
 
     def to_batches(self, msg: SampledBatch) -> list[Batch]:
         m = torch.from_numpy(msg.transitions)
-        asked = self.asked.pop(msg.request_id, None)
+        asked, parts = self.asked.pop(msg.request_id, (None, 1))
         if asked is None:
             return []  # a reply to a request made before replay restarted: asked again since
         if len(m) != asked:
@@ -90,7 +90,7 @@ class BatchStream:
         if self.device.type != "cpu":
             m = m.pin_memory().to(self.device, non_blocking=True)
         return [self.layout.columns(part)  # type: ignore[misc]
-                for part in m.split(asked // self.per_request)]
+                for part in m.split(asked // parts)]
 
 
 def atomic_save(obj: Any, path: str | Path) -> None:

@@ -36,8 +36,10 @@ def closed_loop(tuner: Tuner, cores: int, windows: int, seed: int = 0, utd: floa
     return out
 
 
-def start(cores: int, utd: float = 1.0, pinned: frozenset[str] = frozenset(),
+def start(cores: int, utd: float = 1.0, pinned: frozenset[str] = frozenset({"bpr"}),
           setting: Setting = Setting(1, 1, 64)) -> Tuner:
+    """A tuner of the model's host; batches per request pinned unless `pinned` says otherwise
+    (the model gives them a gain of about 1 %, noise that the tests below need not see)."""
     return Tuner(setting, Bounds(cores, 64, 32, 1024), pinned, utd, min_gain=0.05, cooldown=300.0)
 
 
@@ -85,9 +87,24 @@ def test_pinned_knobs_never_move() -> None:
     assert {d.setting.batch for _, d in trace} == {64}
     assert {d.setting.samplers for _, d in trace} == {1}
     assert tuner.setting.envs > 1  # the free knob still moved
-    everything = start(16, pinned=frozenset({"batch", "samplers", "envs"}))
+    everything = start(16, pinned=frozenset({"batch", "samplers", "envs", "bpr"}))
     trace = closed_loop(everything, 16, windows=20)
     assert [d.action for _, d in trace] == ["settled"]
+
+
+def test_defaults_leave_the_batch_alone_and_tune_the_neutral_knobs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`supervisor.tune` is on by default with the batch size pinned (`tune_batch` false): on a
+    host where sample requests are costly the tuner asks for more batches per request, and
+    where sampling limits it adds envs and samplers; the batch size never moves."""
+    monkeypatch.setattr("tests.tuner_model.REQUEST", 2e-3)  # a slow transport: requests cost as much as an update
+    tuner = start(2, pinned=frozenset({"batch"}), setting=Setting(1, 4, 256))
+    trace = closed_loop(tuner, 2, windows=20)
+    assert {d.setting.batch for _, d in trace} == {256}
+    assert "bpr+" in [d.move for _, d in trace if d.action == "keep"] and tuner.setting.bpr > 4
+    sampling = start(16, utd=0.05, pinned=frozenset({"batch"}))
+    trace = closed_loop(sampling, 16, windows=30, utd=0.05, env_step=1e-3)
+    assert {d.setting.batch for _, d in trace} == {64}
+    assert sampling.setting.envs > 1 and sampling.setting.samplers > 1
 
 
 def test_a_change_that_breaks_the_ratio_is_undone() -> None:

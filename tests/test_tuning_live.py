@@ -78,17 +78,19 @@ def test_running_training_takes_tuning_actions(tmp_path: Path, monkeypatch: pyte
 async def drive(sup: Supervisor, seen: dict[str, Any]) -> None:
     await until(lambda: (newest(sup, "learner", "updates") or 0) > 5, "learner updates")
     inserted = newest(sup, "replay", "inserted")
-    await sup.apply(Setting(samplers=2, envs=3, batch=64))
+    await sup.apply(Setting(samplers=2, envs=3, batch=64, bpr=8))
     assert sup.cfg.sampler.num_samplers == 2 and sup.cfg.learner.batch_size == 64
+    assert sup.cfg.learner.batches_per_request == 8
     child = sup.children["sampler-1"]
     await until(lambda: child.registered, "sampler-1 registration")
     await until(lambda: (newest(sup, "sampler-1", "env_steps") or 0) > 0, "sampler-1 steps")
     await until(lambda: newest(sup, "learner", "batch_size") == 64, "learner batch size 64")
+    await until(lambda: newest(sup, "learner", "batches_per_request") == 8, "learner asking 8 batches per request")
     await until(lambda: newest(sup, "sampler-0", "envs") == 3 and newest(sup, "sampler-1", "envs") == 3,
                 "3 envs in every sampler")
     steps_1 = newest(sup, "sampler-1", "env_steps")
     await until(lambda: newest(sup, "replay", "inserted") > inserted + steps_1, "sampler-1's steps in replay")
-    await sup.apply(Setting(samplers=1, envs=3, batch=64))
+    await sup.apply(Setting(samplers=1, envs=3, batch=64, bpr=8))
     assert "sampler-1" not in sup.children
     await until(lambda: child.proc is not None and child.proc.poll() is not None, "sampler-1 exit", 30)
     seen["retired_rc"] = child.proc.returncode  # type: ignore[union-attr]

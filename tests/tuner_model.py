@@ -2,8 +2,9 @@
 
 Each sampler process steps E envs at E / (ENV_FIXED + ENV_STEP * E) env steps/s on a
 full core (a per-step actor call shared by the envs, then the envs one by one); the
-fused learner does 1 / (UPDATE_FIXED + UPDATE_ROW * B) updates/s on a full core (a fixed
-cost per update, then a cost per row of the batch); replay takes REPLAY_CORES. The rate
+fused learner does 1 / (UPDATE_FIXED + REQUEST / R + UPDATE_ROW * B) updates/s on a full core
+(a fixed cost per update, a sample request's cost shared by its R batches, then a cost per
+row of the batch); replay takes REPLAY_CORES. The rate
 limiter holds the update-to-data ratio u, so the slower side sets the pace and the other
 stalls (a stalled process uses only the CPU its pace needs). When the busy processes ask
 for more cores than the host has, all slow down in proportion. Constants are of the
@@ -18,7 +19,8 @@ from services.supervisor.tuner import Setting, Window
 
 ENV_FIXED = 2.0e-4  # seconds per sampler step for the whole env batch (actor call, push share)
 ENV_STEP = 1.2e-4  # seconds per env per step (MuJoCo step, row writes)
-UPDATE_FIXED = 1.5e-3  # seconds per update whatever the batch (Python, messaging, optimizer steps)
+UPDATE_FIXED = 1.45e-3  # seconds per update whatever the batch (Python, optimizer steps)
+REQUEST = 2e-4  # seconds per sample request (encode, send, decode), shared by its batches
 UPDATE_ROW = 4.0e-6  # seconds per batch row per update
 REPLAY_CORES = 0.3
 
@@ -27,7 +29,7 @@ def rates(s: Setting, cores: float, utd: float = 1.0, env_step: float = ENV_STEP
           ) -> tuple[float, float, float, float, float]:
     """(frame rate, sampling Hz, insert stall, sample stall, idle cores) at steady state."""
     per_sampler = s.envs / (ENV_FIXED + env_step * s.envs)  # env steps/s on one full core
-    learner = 1.0 / (UPDATE_FIXED + UPDATE_ROW * s.batch)  # updates/s on one full core
+    learner = 1.0 / (UPDATE_FIXED + REQUEST / s.bpr + UPDATE_ROW * s.batch)  # updates/s on one full core
     share = 1.0
     for _ in range(50):  # fixed point of the CPU share given to each busy process
         sampling = s.samplers * per_sampler * share

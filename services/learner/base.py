@@ -29,7 +29,7 @@ import torch._dynamo  # noqa: F401
 
 from common.algorithms import ActorPart, CriticPart, make_parts
 from common.algorithms.compiled import CompileOptions, check_guards, compile_cache_dir, use_compile_cache
-from common.config import with_batch_size
+from common.config import with_learner_setting
 from common.errors import ConfigError
 from common.envs import env_spec
 from common.learner_io import BatchStream, atomic_save, checkpoint_dir, device_of
@@ -154,10 +154,13 @@ class LearnerBase(Service):
 
     def set_param(self, key: str, value: Any) -> None:
         """`batch_size`: requests sent from now on ask for this many transitions (with compiled
-        steps: once they are compiled for it, in a worker thread while updates pause)."""
-        if key != "batch_size":
-            raise ConfigError(f"{self.ROLE}: cannot set {key}={value!r} (settable: batch_size)")
-        cfg = with_batch_size(self.cfg, value, self.ROLE)  # names a bad value
+        steps: once they are compiled for it, in a worker thread while updates pause).
+        `batches_per_request`: requests sent from now on ask for this many batches at once."""
+        cfg = with_learner_setting(self.cfg, key, value, self.ROLE)  # names a bad key or value
+        if key == "batches_per_request":
+            self.cfg = cfg
+            self.batches.per_request = value
+            return
         if not self.settled:
             raise ConfigError(f"{self.ROLE}: not ready for batch_size={value} yet (still compiling)")
         self.cfg = cfg
@@ -174,7 +177,7 @@ class LearnerBase(Service):
             rate = (updates - self.metrics_updates) / dt
             self.publish({"updates": updates, "update_hz": rate,
                           "update_frame_rate": rate * self.batches.batch_size,
-                          "batch_size": self.batches.batch_size,
+                          "batch_size": self.batches.batch_size, "batches_per_request": self.batches.per_request,
                           "batch_wait_s": self.batches.wait_s, "env_steps": self.batches.inserted,
                           **self.compile_metrics(), **self.losses, **extra})
             self.last_metrics, self.metrics_updates = now, updates

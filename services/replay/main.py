@@ -38,7 +38,7 @@ import zmq
 import zmq.asyncio
 
 from common.envs import env_spec
-from common.config import Config, with_batch_size
+from common.config import RUNTIME_LEARNER_KEYS, Config, with_learner_setting
 from common.errors import ConfigError
 from common.rate_limiter import RateLimiter, RateLimiterConfig
 from common.replay_buffer import ReplayBuffer, ReplayInputError
@@ -97,7 +97,8 @@ class Replay(Service):
         return {"size": self.buffer.size, "inserted": self.limiter.inserts}
 
     def set_param(self, key: str, value: Any) -> None:
-        """`batch_size`: the learners' new batch size; the rate limiter's samples per insert follow.
+        """`batch_size`, `batches_per_request`: the learners' new values; the rate limiter's samples
+        per insert and its slack follow.
         `drain` (true): the run is ending; store every batch from now on, limiter notwithstanding."""
         if key == "drain":
             if value is not True:
@@ -105,9 +106,9 @@ class Replay(Service):
             self.draining = True
             log.info("draining: every experience batch is stored from now on, rate limiter notwithstanding")
             return
-        if key != "batch_size":
-            raise ConfigError(f"replay: cannot set {key}={value!r} (settable: batch_size, drain)")
-        self.cfg = with_batch_size(self.cfg, value, self.ROLE)
+        if key not in RUNTIME_LEARNER_KEYS:
+            raise ConfigError(f"replay: cannot set {key}={value!r} (settable: {', '.join(RUNTIME_LEARNER_KEYS)}, drain)")
+        self.cfg = with_learner_setting(self.cfg, key, value, self.ROLE)
         self.limiter.reconfigure(limiter_config(self.cfg))
 
 

@@ -29,7 +29,7 @@ import zmq
 import zmq.asyncio
 
 from proto.codec import Encoder
-from common.config import TCP_OFFSETS, Config, to_dict, with_batch_size
+from common.config import TCP_OFFSETS, Config, to_dict, with_learner_setting
 from common.curve_auth import CurveKeys, client_keys, server_keys, start_authenticator
 from common.errors import ConfigError
 from proto.errors import SpreezeError
@@ -424,11 +424,16 @@ class Supervisor:
         """Run with `new` from now on: the config follows (restarted and new services get it),
         `set` commands carry it to the running services, samplers are started or retired."""
         cfg = self.cfg
-        old = Setting(cfg.sampler.num_samplers, cfg.sampler.envs_per_sampler, cfg.learner.batch_size)
-        self.cfg = with_batch_size(dataclasses.replace(cfg, sampler=dataclasses.replace(
-            cfg.sampler, num_samplers=new.samplers, envs_per_sampler=new.envs)), new.batch, "supervisor")
+        old = Setting(cfg.sampler.num_samplers, cfg.sampler.envs_per_sampler, cfg.learner.batch_size,
+                      cfg.learner.batches_per_request)
+        cfg = dataclasses.replace(cfg, sampler=dataclasses.replace(
+            cfg.sampler, num_samplers=new.samplers, envs_per_sampler=new.envs))
+        cfg = with_learner_setting(cfg, "batch_size", new.batch, "supervisor")
+        self.cfg = with_learner_setting(cfg, "batches_per_request", new.bpr, "supervisor")
         if new.batch != old.batch:
             self.set_all((REPLAY, *LEARNER_ROLES), "batch_size", new.batch)
+        if new.bpr != old.bpr:
+            self.set_all((REPLAY, *LEARNER_ROLES), "batches_per_request", new.bpr)
         if new.envs != old.envs:
             self.set_all((SAMPLER,), "envs_per_sampler", new.envs)
         for _ in range(new.samplers - old.samplers):

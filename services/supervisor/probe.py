@@ -159,7 +159,7 @@ def plan(hw: Hardware, cfg: Config, pinned: frozenset[str], row_bytes: int) -> l
         batch = GPU_BATCH if on_gpu else cfg.learner.batch_size
         choices.append(Choice("learner.batch_size", batch,
                               f"GPU: {GPU_BATCH} costs about as much per update as 256" if on_gpu else
-                              "CPU: the default batch size (the tuner grows it while the learner limits)"))
+                              "CPU: the default batch size (tuned only with supervisor.tune_batch=true)"))
     if "replay.capacity" not in pinned and hw.memory_gib > 0:
         fits = int(hw.memory_gib * GIB * REPLAY_MEMORY_SHARE // max(row_bytes, 1))
         if fits < cfg.replay.capacity:

@@ -3,15 +3,17 @@
 Goal: the highest update frame rate (batch size x critic updates/s) while replay's rate
 limiter holds the target update-to-data ratio. Windows are compared by `Window.score`,
 the frame rate corrected for other programs' load on a shared host. Knobs: sampler
-processes, envs per sampler, batch size. A damped hill climb, one knob step at a time:
+processes, envs per sampler, update batches per sample request, and batch size (the one
+knob that changes what is learned per env step: the caller pins it unless the user opts
+in). A damped hill climb, one knob step at a time:
 
   * measure the current setting over a window (the caller waits `settle` seconds after
     a change, then `window` seconds, and passes the `Window`);
   * try one move, chosen by what limits the run now: a larger batch first (each update
     then uses more transitions, whoever limits), then, when the learners wait on replay
     (sampling limits), another sampler if the host has idle cores, or more envs per
-    sampler; when replay refuses inserts (the learners limit) and no core is idle, one
-    sampler fewer;
+    sampler; when replay refuses inserts (the learners limit), more batches per sample
+    request (fewer messages per update), and with no core idle one sampler fewer;
   * keep the move if the next window's score beats the baseline by `min_gain` and the
     update-to-data ratio held; otherwise go back and measure the old setting again
     (A/B/A): the move is kept after all if it beats the mean of the old setting's
@@ -31,7 +33,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 KNOB_KEYS = {"samplers": "sampler.num_samplers", "envs": "sampler.envs_per_sampler",
-             "batch": "learner.batch_size"}  # tuner knob -> config key (the key pins it)
+             "batch": "learner.batch_size", "bpr": "learner.batches_per_request"}  # tuner knob -> config key (the key pins it)
 UTD_DRIFT = 0.2  # a trial whose update-to-data ratio strays more than this from the target is rejected
 DRIFT = 0.25  # a settled tuner starts over when the frame rate fell this much below its baseline...
 DRIFT_WINDOWS = 2  # ...in this many windows in a row
@@ -46,9 +48,10 @@ class Setting:
     samplers: int
     envs: int
     batch: int
+    bpr: int = 4  # update batches per sample request
 
     def describe(self) -> str:
-        return f"{self.samplers} sampler(s) x {self.envs} envs, batch {self.batch}"
+        return f"{self.samplers} sampler(s) x {self.envs} envs, batch {self.batch}, {self.bpr} batches/request"
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,7 @@ class Bounds:
     max_envs: int
     min_batch: int
     max_batch: int
+    max_bpr: int = 16
 
 
 @dataclass(frozen=True)
@@ -101,7 +105,7 @@ class Decision:
 
 
 INVERSE = {"batch+": "batch-", "batch-": "batch+", "envs+": "envs-", "envs-": "envs+",
-           "samplers+": "samplers-", "samplers-": "samplers+"}
+           "samplers+": "samplers-", "samplers-": "samplers+", "bpr+": "bpr-", "bpr-": "bpr+"}
 
 
 class Tuner:
@@ -221,11 +225,11 @@ class Tuner:
         """Moves worth trying now, most promising first (what limits the run decides)."""
         idle = snap.idle_cores >= IDLE_FOR_SAMPLER
         if snap.bottleneck() == "learners":
-            order = ["batch+"] + (["samplers-"] if not idle and self.setting.samplers > 1 else [])
+            order = ["batch+", "bpr+"] + (["samplers-"] if not idle and self.setting.samplers > 1 else [])
         elif snap.bottleneck() == "sampling":  # a larger batch still multiplies what each update uses
             order = ["batch+"] + (["samplers+", "envs+"] if idle else ["envs+", "batch-"])
         else:
-            order = ["batch+", "envs+"] + (["samplers+"] if idle else [])
+            order = ["batch+", "bpr+", "envs+"] + (["samplers+"] if idle else [])
         return [m for m in order if KNOB_OF[m] not in self.pinned]
 
     def moved(self, move: str) -> Setting | None:
@@ -236,7 +240,9 @@ class Tuner:
                "envs+": dataclasses.replace(s, envs=min(s.envs * 2, b.max_envs)),
                "envs-": dataclasses.replace(s, envs=max(s.envs // 2, 1)),
                "samplers+": dataclasses.replace(s, samplers=min(s.samplers + 1, b.max_samplers)),
-               "samplers-": dataclasses.replace(s, samplers=max(s.samplers - 1, 1))}[move]
+               "samplers-": dataclasses.replace(s, samplers=max(s.samplers - 1, 1)),
+               "bpr+": dataclasses.replace(s, bpr=min(s.bpr * 2, b.max_bpr)),
+               "bpr-": dataclasses.replace(s, bpr=max(s.bpr // 2, 1))}[move]
         return None if new == s else new
 
 

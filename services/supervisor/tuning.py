@@ -77,10 +77,14 @@ class TuningLoop:
         """`cfg`: the run's config at the start; `pinned`: config keys the user set (never tuned)."""
         self.host = host
         sc = self.sc = cfg.supervisor
-        self.setting = Setting(cfg.sampler.num_samplers, cfg.sampler.envs_per_sampler, cfg.learner.batch_size)
+        self.setting = Setting(cfg.sampler.num_samplers, cfg.sampler.envs_per_sampler, cfg.learner.batch_size,
+                               cfg.learner.batches_per_request)
         bounds = Bounds(max_samplers=sc.max_samplers or len(os.sched_getaffinity(0)),
-                        max_envs=sc.max_envs_per_sampler, min_batch=sc.min_batch_size, max_batch=sc.max_batch_size)
+                        max_envs=sc.max_envs_per_sampler, min_batch=sc.min_batch_size, max_batch=sc.max_batch_size,
+                        max_bpr=sc.max_batches_per_request)
         knobs = frozenset(k for k, key in KNOB_KEYS.items() if key in pinned)
+        if not sc.tune_batch:  # the batch size changes what each update learns from: only when asked
+            knobs |= {"batch"}
         self.tuner = Tuner(self.setting, bounds, knobs, cfg.replay.update_to_data, sc.tune_min_gain,
                            sc.tune_cooldown)
 

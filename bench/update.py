@@ -13,9 +13,10 @@ For each algorithm and batch size, interleaved in one invocation:
   compiled, eager: in this process, the same networks built the same way
       (common.algorithms.make_parts, shared parts, the run's config) updated by the same
       common.algorithms.fused_step, with the parts' compiled steps (compiled after an
-      untimed warm-up, then guards off as in the learner) or their eager update (learner.compile=false), on batches already in
-      memory (a pool of random tensors on the device, cycled, no gather), with the same
-      torch threads and the learner's loss read-out cadence.
+      untimed warm-up, then guards off as in the learner) or their eager update
+      (learner.compile=false), on batches already in memory (a pool of random tensors on
+      the device, cycled, no gather), with the same torch threads and the learner's loss
+      read-out cadence.
   plain: in this process, a textbook eager PyTorch loop (bench/plain.py: module calls,
       torch.optim.Adam defaults, one backward per loss, CleanRL's way) of the same networks
       on the same batches: the baseline a user would otherwise run.

@@ -107,7 +107,8 @@ class Replay(Service):
             log.info("draining: every experience batch is stored from now on, rate limiter notwithstanding")
             return
         if key not in RUNTIME_LEARNER_KEYS:
-            raise ConfigError(f"replay: cannot set {key}={value!r} (settable: {', '.join(RUNTIME_LEARNER_KEYS)}, drain)")
+            settable = ", ".join(RUNTIME_LEARNER_KEYS)
+            raise ConfigError(f"replay: cannot set {key}={value!r} (settable: {settable}, drain)")
         self.cfg = with_learner_setting(self.cfg, key, value, self.ROLE)
         self.limiter.reconfigure(limiter_config(self.cfg))
 

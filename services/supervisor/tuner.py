@@ -32,8 +32,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+# tuner knob -> config key (the key pins it)
 KNOB_KEYS = {"samplers": "sampler.num_samplers", "envs": "sampler.envs_per_sampler",
-             "batch": "learner.batch_size", "bpr": "learner.batches_per_request"}  # tuner knob -> config key (the key pins it)
+             "batch": "learner.batch_size", "bpr": "learner.batches_per_request"}
 UTD_DRIFT = 0.2  # a trial whose update-to-data ratio strays more than this from the target is rejected
 DRIFT = 0.25  # a settled tuner starts over when the frame rate fell this much below its baseline...
 DRIFT_WINDOWS = 2  # ...in this many windows in a row

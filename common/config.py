@@ -281,7 +281,8 @@ def with_learner_setting(cfg: Config, key: str, value: Any, who: str) -> Config:
     if type(value) is not int or value <= 0 or rows > cfg.replay.capacity:
         raise ConfigError(f"{who}: cannot set {key}={value!r} (a positive int; batch_size x batches_per_request "
                           f"at most {cfg.replay.capacity}, the replay capacity)")
-    return dataclasses.replace(cfg, learner=dataclasses.replace(lc, **{key: value}))
+    changes: dict[str, Any] = {key: value}
+    return dataclasses.replace(cfg, learner=dataclasses.replace(lc, **changes))
 
 
 # ------------------------------------------------------------------ validation helpers

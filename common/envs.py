@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from dataclasses import dataclass
 
 import gymnasium as gym
 import numpy as np
@@ -70,6 +71,27 @@ def make_env(env_id: str, seed: int | None = None, **kwargs: object) -> gym.Env:
     if seed is not None:
         env.action_space.seed(seed)
     return env
+
+
+@dataclass(frozen=True)
+class Task:
+    """What the start plan derives settings from: the task's sizes and whether it ends episodes early."""
+
+    env_id: str
+    obs_dim: int
+    act_dim: int
+    ends_early: bool  # episodes end when the agent fails (falls), not only at the time limit
+
+
+def task_facts(env_id: str) -> Task:
+    """The task's sizes, and early termination as the MuJoCo locomotion envs declare it
+    (``terminate_when_unhealthy``: Hopper, Walker2d, Ant, Humanoid; not HalfCheetah, Swimmer)."""
+    env = make_env(env_id)
+    try:
+        ends_early = bool(getattr(env.unwrapped, "_terminate_when_unhealthy", False))
+        return Task(env_id, env.observation_space.shape[0], env.action_space.shape[0], ends_early)
+    finally:
+        env.close()
 
 
 def env_spec(env_id: str) -> tuple[TransitionLayout, np.ndarray, np.ndarray]:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
 import pytest
 
+from common.algorithms import TD3Config
 from common.config import given_keys
+from common.envs import task_facts
 from common.errors import ConfigError
 from services.supervisor.probe import (Gpu, Hardware, apply, cpu_seconds, host_cpu, memory_gib,
                                        parse_nvidia_smi, plan, probe)
@@ -102,3 +105,21 @@ def test_nvidia_smi_lines() -> None:
     gpus = parse_nvidia_smi(text)
     assert [(g.index, g.name) for g in gpus] == [(0, "NVIDIA H100 80GB HBM3"), (1, "NVIDIA A100-SXM4-40GB")]
     assert gpus[1].memory_gib == pytest.approx(40.0)
+
+
+@pytest.mark.parametrize("algo, env, hidden", [
+    ("td3", "HalfCheetah-v5", [64, 64]),  # never ends early: the algorithm's default
+    ("td3", "Walker2d-v5", [256, 256]),  # falls end its episodes: larger networks
+    ("td3", "Ant-v5", [256, 256]),
+    ("sac", "Hopper-v5", [256, 256]),  # SAC's default is that size already
+])
+def test_network_size_follows_early_termination(tmp_path: Path, algo: str, env: str, hidden: list[int]) -> None:
+    task = task_facts(env)
+    cfg = config(tmp_path, f"algo={algo}", f"env={env}", f"{algo}.hidden=[64,64]" if algo == "td3" else "seed=0")
+    default = dataclasses.replace(cfg, td3=TD3Config()) if algo == "td3" else cfg  # the shipped default, not the tests'
+    choices = plan(Hardware(2, 8.0), default, frozenset(), ROW, task)
+    (choice,) = [c for c in choices if c.key == f"{algo}.hidden"]
+    assert choice.value == hidden and env in choice.reason
+    assert apply(default, choices).algo_config.hidden == tuple(hidden)
+    pinned = plan(Hardware(2, 8.0), default, frozenset({f"{algo}.hidden"}), ROW, task)
+    assert not [c for c in pinned if c.key == f"{algo}.hidden"]  # set by the user: kept

@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 
 from common.config import Config, to_dict
-from common.envs import env_spec
+from common.envs import env_spec, task_facts
 from common.errors import ConfigError
 from services.supervisor import probe
 from services.supervisor.main import Supervisor
@@ -26,7 +26,8 @@ def start(cfg: Config, pinned: frozenset[str], resumed: bool, quiet: bool) -> in
     user set (the plan and the tuner keep them); a resumed run keeps its saved config."""
     layout, _, _ = env_spec(cfg.env)  # refuse unknown or discrete-action envs before anything starts
     hardware = probe.probe()
-    choices = probe.plan(hardware, cfg, pinned, layout.width * 4) if cfg.supervisor.auto and not resumed else []
+    planned = cfg.supervisor.auto and not resumed
+    choices = probe.plan(hardware, cfg, pinned, layout.width * 4, task_facts(cfg.env)) if planned else []
     cfg = probe.apply(cfg, choices)
     run_dir = Path(cfg.run_dir)
     started = [name for name in RUN_STATE if (run_dir / name).is_dir() and any((run_dir / name).iterdir())]

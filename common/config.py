@@ -79,6 +79,7 @@ class LearnerConfig:
     actor_device: str = "cpu"  # torch device of the actor (split: actor_learner; fused: both); auto: cuda if seen, else cpu
     critic_device: str = "cpu"  # torch device of the critic_learner (split mode); auto as for actor_device
     threads: int = 1  # torch intra-op threads per learner process
+    own_cores: bool = False  # local runs: each learner process on its own `threads` cores, every other service on the rest (the plan turns it on for CPU learners)
     checkpoint_every_s: float = 60.0  # seconds between learner state checkpoints
     compile: bool = True  # torch.compile the update steps (compiled during the random warm-up); false = the eager reference
     cuda_graphs: bool = True  # on CUDA, capture each compiled step as a CUDA graph (one launch per update)

@@ -12,6 +12,7 @@ from common.algorithms import TD3Config
 from common.config import given_keys
 from common.envs import task_facts
 from common.errors import ConfigError
+from services.supervisor.processes import core_sets
 from services.supervisor.probe import (Gpu, Hardware, apply, cpu_seconds, host_cpu, memory_gib,
                                        parse_nvidia_smi, plan, probe)
 from tests.helpers import config
@@ -123,3 +124,12 @@ def test_network_size_follows_early_termination(tmp_path: Path, algo: str, env: 
     assert apply(default, choices).algo_config.hidden == tuple(hidden)
     pinned = plan(Hardware(2, 8.0), default, frozenset({f"{algo}.hidden"}), ROW, task)
     assert not [c for c in pinned if c.key == f"{algo}.hidden"]  # set by the user: kept
+
+
+def test_core_sets_give_learners_their_own_cores() -> None:
+    assert core_sets(["learner"], 1, [0, 1]) == {"learner": frozenset({1}), "": frozenset({0})}
+    split = core_sets(["critic_learner", "actor_learner"], 2, list(range(8)))
+    assert split == {"critic_learner": frozenset({4, 5}), "actor_learner": frozenset({6, 7}),
+                     "": frozenset({0, 1, 2, 3})}
+    assert core_sets(["learner"], 1, [0]) == {}  # nothing would be left for the others: no pinning
+    assert core_sets(["critic_learner", "actor_learner"], 1, [0, 1]) == {}

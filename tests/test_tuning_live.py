@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -26,7 +27,8 @@ from tests.helpers import config
 
 ROOT = Path(__file__).resolve().parents[1]
 OVERRIDES = ["supervisor.tune=false", "supervisor.heartbeat_interval=1.0", "supervisor.progress_every=60",
-             "eval.every_updates=100000", "replay.min_size=200", "learner.batch_size=32"]
+             "eval.every_updates=100000", "replay.min_size=200", "learner.batch_size=32", "learner.own_cores=true"]
+CORES = sorted(os.sched_getaffinity(0))
 
 
 def newest(sup: Supervisor, service: str, key: str) -> Any:
@@ -84,6 +86,10 @@ async def drive(sup: Supervisor, seen: dict[str, Any]) -> None:
     child = sup.children["sampler-1"]
     await until(lambda: child.registered, "sampler-1 registration")
     await until(lambda: (newest(sup, "sampler-1", "env_steps") or 0) > 0, "sampler-1 steps")
+    if len(CORES) >= 2:  # learner.own_cores: the learner alone on the last core, the rest (late samplers too)
+        assert os.sched_getaffinity(sup.children["learner"].proc.pid) == {CORES[-1]}  # type: ignore[union-attr]
+        for sid in ("replay", "sampler-0", "sampler-1"):
+            assert os.sched_getaffinity(sup.children[sid].proc.pid) == set(CORES[:-1]), sid  # type: ignore[union-attr]
     await until(lambda: newest(sup, "learner", "batch_size") == 64, "learner batch size 64")
     await until(lambda: newest(sup, "learner", "batches_per_request") == 8, "learner asking 8 batches per request")
     await until(lambda: newest(sup, "sampler-0", "envs") == 3 and newest(sup, "sampler-1", "envs") == 3,

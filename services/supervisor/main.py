@@ -43,7 +43,7 @@ from proto.names import (ACTOR_LEARNER, CRITIC_LEARNER, EVALUATOR, LEARNER, LEAR
 from services.supervisor.endpoints import ipc_table, tcp_table
 from services.supervisor.externals import External, Externals
 from services.supervisor.probe import Choice, cpu_seconds, host_cpu
-from services.supervisor.processes import Child, RestartPolicy, ServiceSpec, spawn, terminate
+from services.supervisor.processes import Child, RestartPolicy, ServiceSpec, core_sets, spawn, terminate
 from services.supervisor.progress import Progress
 from services.supervisor.tuner import Setting
 from services.supervisor.tuning import Sample, TuningLoop
@@ -92,6 +92,9 @@ class Supervisor:
         self.run_dir = Path(cfg.run_dir)
         self.progress = Progress(self.run_dir / "metrics.jsonl", cfg.total_steps, cfg.time_limit)
         self.learner_id = LEARNER if cfg.learner.mode == "fused" else CRITIC_LEARNER  # whose updates count
+        learners = [LEARNER] if cfg.learner.mode == "fused" else [CRITIC_LEARNER, ACTOR_LEARNER]
+        self.cores = (core_sets(learners, cfg.learner.threads, sorted(os.sched_getaffinity(0)))
+                      if cfg.learner.own_cores else {})  # service id ("" = any other) -> its cores
         self.tcp_only = cfg.supervisor.transport == "tcp"  # every socket on tcp, found by name (Swarm)
         if self.tcp_only:
             self.sock_dir, self.own_sock_dir = "", False
@@ -210,7 +213,8 @@ class Supervisor:
     # ------------------------------------------------------------------ children
     def start(self, child: Child) -> None:
         extra = {ENV_KEYS: str(Path(self.cfg.supervisor.keys).resolve())} if self.cfg.supervisor.keys else {}
-        child.proc = spawn(child.spec, self.endpoints["control"], self.run_dir / "logs", extra)
+        cpus = self.cores.get(child.spec.service_id, self.cores.get("", frozenset()))
+        child.proc = spawn(child.spec, self.endpoints["control"], self.run_dir / "logs", extra, cpus)
         child.started, child.registered, child.state, child.restart_at = time.monotonic(), False, "starting", 0.0
         log.info("started %s (pid %d)", child.spec.service_id, child.proc.pid)
         self.write_roster()

@@ -42,8 +42,23 @@ class Child:
         return self.proc is not None and self.proc.poll() is None
 
 
-def spawn(spec: ServiceSpec, control: str, log_dir: Path, extra_env: dict[str, str]) -> subprocess.Popen[bytes]:
-    """Start one service as `python -m module` in its own session, logging to a file."""
+def core_sets(learners: list[str], threads: int, cores: list[int]) -> dict[str, frozenset[int]]:
+    """CPU affinity per service id for `learner.own_cores`: each learner process its own
+    `threads` cores (the last ones), every other service (key "") the cores left. Empty
+    when that leaves no core for the others: then nothing is pinned."""
+    need = len(learners) * threads
+    if need >= len(cores):
+        return {}
+    rest, mine = cores[:-need], cores[-need:]
+    sets = {sid: frozenset(mine[i * threads:(i + 1) * threads]) for i, sid in enumerate(learners)}
+    return {**sets, "": frozenset(rest)}
+
+
+def spawn(spec: ServiceSpec, control: str, log_dir: Path, extra_env: dict[str, str],
+          cpus: frozenset[int] = frozenset()) -> subprocess.Popen[bytes]:
+    """Start one service as `python -m module` in its own session, logging to a file; with
+    `cpus`, on those cores only (set right after the fork, before the child starts threads,
+    which inherit it)."""
     env = dict(os.environ)
     env.pop("SPREEZE_HEALTH", None)  # the health socket is the supervisor's (e.g. a container's main process)
     env.update(extra_env)
@@ -51,9 +66,15 @@ def spawn(spec: ServiceSpec, control: str, log_dir: Path, extra_env: dict[str, s
                 "OMP_NUM_THREADS": str(spec.threads), "MKL_NUM_THREADS": str(spec.threads)})
     log_dir.mkdir(parents=True, exist_ok=True)
     with open(log_dir / f"{spec.service_id}.log", "ab") as log:
-        return subprocess.Popen([sys.executable, "-m", spec.module], env=env, stdout=log,
+        proc = subprocess.Popen([sys.executable, "-m", spec.module], env=env, stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)  # Ctrl-C reaches the supervisor only
+    if cpus:
+        try:
+            os.sched_setaffinity(proc.pid, cpus)
+        except OSError:  # gone already: the watch loop sees it exit
+            pass
+    return proc
 
 
 @dataclass(frozen=True)

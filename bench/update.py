@@ -51,9 +51,11 @@ from common.algorithms import ALGOS, fused_step, make_parts
 from common.algorithms.compiled import CACHE_ENV, CompileOptions, check_guards, use_compile_cache
 from common.config import Config, load_config
 from common.envs import env_spec
+from common.errors import ConfigError
 from common.learner_io import device_of
 from services.learner.base import LOSS_EVERY
 from services.supervisor.main import roster
+from services.supervisor.probe import CXX_HINT, cxx_compiler
 from services.supervisor.processes import ServiceSpec
 from services.supervisor.progress import Progress
 
@@ -180,6 +182,9 @@ def run(algos: tuple[str, ...] = ALGOS, batch_sizes: tuple[int, ...] = (256, 102
         out: str | None = None, overrides: tuple[str, ...] = (),
         compile_seconds: bool = True) -> dict[str, Any]:
     """Measure every side for every (algo, batch), interleaved; print; return (and write) JSON."""
+    if not cxx_compiler():
+        raise ConfigError(f"spreeze bench update measures compiled steps, and no C++ compiler runs here "
+                          f"($CXX={os.environ.get('CXX', '')!r}, g++): {CXX_HINT}")
     fill = max(fill, max(batch_sizes))
     runs: dict[tuple[str, int], dict[str, list[dict[str, float]]]] = {
         (a, b): {side: [] for side in SIDES} for a in algos for b in batch_sizes}

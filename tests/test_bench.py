@@ -12,6 +12,7 @@ import pytest
 
 from bench.system import BenchFailed, rate
 from cli.main import main as cli
+from tests.helpers import needs_cxx
 
 
 def test_rate_excludes_start_up_and_the_shutdown() -> None:
@@ -51,6 +52,7 @@ def test_bench_sampling_smoke(tmp_path: Path) -> None:
     assert row["window_s_runs"][0] > 1.0  # about --seconds, start-up excluded
 
 
+@needs_cxx
 @pytest.mark.timeout(180)
 def test_bench_update_smoke(tmp_path: Path) -> None:
     out = tmp_path / "update.json"
@@ -71,6 +73,13 @@ def test_bench_update_smoke(tmp_path: Path) -> None:
     assert 0 <= row["spreeze_batch_wait_fraction"] <= 1.05  # a share of the time (clocks of two processes)
     # the learner really trained on the filled replay, through the sockets
     assert (tmp_path / "runs" / "r0-td3-b64" / "checkpoints" / "learner.pt").exists()
+
+
+def test_bench_update_without_a_cxx_compiler_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    assert cli(["bench", "update", "--algo", "td3", "--batch-sizes", "64", "--seconds", "1"]) != 0
+    assert "no C++ compiler" in capsys.readouterr().err
 
 
 @pytest.mark.timeout(240)

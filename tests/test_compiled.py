@@ -12,6 +12,9 @@ import torch
 
 from common.algorithms import SACConfig, SparseConfig, TD3Config, fused_step, make_parts
 from common.algorithms.compiled import CompileOptions, check_guards, use_compile_cache
+from tests.helpers import needs_cxx
+
+pytestmark = needs_cxx
 
 OBS, ACT, B = 5, 2, 16
 LOW, HIGH = -2.0 * np.ones(ACT, np.float32), 2.0 * np.ones(ACT, np.float32)

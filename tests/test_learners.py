@@ -21,7 +21,7 @@ from services.actor_learner.main import ActorLearner
 from services.critic_learner.main import CriticLearner
 from services.learner.main import Learner
 from services.replay.main import Replay
-from tests.helpers import Harness, config, experience, layout_of, parts, run, until
+from tests.helpers import Harness, config, experience, layout_of, needs_cxx, parts, run, until
 
 pytestmark = pytest.mark.timeout(10)
 # replay tolerance 0.05 + prefetch 1: error buffer 256 transitions = 8 batches of 32 past
@@ -239,6 +239,7 @@ def test_a_restarted_critic_learner_continues_from_its_checkpoint(tmp_path: Path
     run(body())
 
 
+@needs_cxx
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("mode", ["fused", "split"])
 def test_learners_compile_during_warm_up_then_update_compiled(tmp_path: Path, mode: str) -> None:

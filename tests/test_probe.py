@@ -13,7 +13,7 @@ from common.config import given_keys
 from common.envs import task_facts
 from common.errors import ConfigError
 from services.supervisor.processes import core_sets
-from services.supervisor.probe import (Gpu, Hardware, apply, cpu_seconds, host_cpu, memory_gib,
+from services.supervisor.probe import (Gpu, Hardware, apply, cpu_seconds, cxx_compiler, host_cpu, memory_gib,
                                        parse_nvidia_smi, plan, probe)
 from tests.helpers import config
 
@@ -133,3 +133,15 @@ def test_core_sets_give_learners_their_own_cores() -> None:
                      "": frozenset({0, 1, 2, 3})}
     assert core_sets(["learner"], 1, [0]) == {}  # nothing would be left for the others: no pinning
     assert core_sets(["critic_learner", "actor_learner"], 1, [0, 1]) == {}
+
+
+def test_no_cxx_compiler_plans_eager_updates(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = dataclasses.replace(config(tmp_path), learner=dataclasses.replace(config(tmp_path).learner, compile=True))
+    (off,) = [c for c in plan(Hardware(2, 8.0), cfg, frozenset(), ROW) if c.key == "learner.compile"]
+    assert off.value is False and "no C++ compiler" in off.reason and "g++" in off.reason
+    assert apply(cfg, [off]).learner.compile is False
+    assert "learner.compile" not in {c.key for c in plan(Hardware(2, 8.0, cxx="/usr/bin/g++"), cfg, frozenset(), ROW)}
+    assert "learner.compile" not in {c.key for c in plan(Hardware(2, 8.0), cfg, frozenset({"learner.compile"}), ROW)}
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    assert cxx_compiler() == ""
+    assert "no C++ compiler" in Hardware(2, 8.0).describe()

@@ -1,8 +1,9 @@
 """The two real paths a user takes, on a real Docker engine (SPREEZE_REAL_PATHS=1; .ci/run sets it).
 
 - A bare machine: a container of Debian bookworm with python3 and nothing optional (no GL,
-  no browser, no Docker) runs the README's install command and a short HalfCheetah-v5 run,
-  which must evaluate with no service restart.
+  no browser, no Docker, no C++ compiler) runs the README's install command and a short
+  HalfCheetah-v5 run, which must evaluate with no service restart, then the README's test
+  command, which must pass (what needs the optional parts skips, saying why).
 - `docker compose` with COMPOSE_PROFILES=cpu on images built offline: every container
   healthy, two evaluation records and checkpoints, two scaled samplers and a sampler
   container outside the project counted in replay's ledger, a SIGKILLed container
@@ -54,6 +55,8 @@ def test_quick_start_on_a_bare_machine_trains_and_evaluates(tmp_path: Path, imag
     assert not [e for e in events if e.get("event") == "restart"], events
     unavailable = [e for e in events if e.get("event") == "video_unavailable"]
     assert unavailable and "libosmesa6" in unavailable[0]["reason"]  # said why, and went on
+    eager = [e for e in events if e.get("event") == "plan" and e.get("key") == "learner.compile"]
+    assert eager and eager[0]["value"] is False and "g++" in eager[0]["reason"], events  # no compiler: planned eager
 
 
 # ------------------------------------------------------------------ docker compose, CPU profile

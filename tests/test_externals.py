@@ -19,7 +19,7 @@ from common.service import reachable
 from common.transport import Channel, tcp_port
 from proto.messages import Experience, Heartbeat, Register
 from services.supervisor.externals import Externals
-from services.supervisor.main import tcp_endpoints
+from services.supervisor.endpoints import tcp_endpoints
 from tests.helpers import config, run
 
 pytestmark = pytest.mark.timeout(20)

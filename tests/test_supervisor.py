@@ -151,7 +151,7 @@ def test_a_service_that_keeps_crashing_stops_the_run(tmp_path: Path, monkeypatch
     assert "failed 2 times" in give_up["reason"] and "code 3" in give_up["reason"]  # first run + 1 restart
     assert give_up["log"] == str(log) and str(log) in give_up["reason"]
     assert json.loads((run_dir / "services.json").read_text())["crasher"]["restarts"] == 1
-    assert not Path(sup.sock_dir).exists()
+    assert not Path(sup.sockets.sock_dir).exists()
 
 
 def test_a_registered_service_heartbeats_and_exits_on_shutdown(tmp_path: Path,

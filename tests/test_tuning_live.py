@@ -117,7 +117,7 @@ def test_a_sampler_joining_late_gets_the_runs_config(tmp_path: Path) -> None:
         for role in ("sampler", "replay"):
             assert sup.welcome_config(role)["sampler"]["warmup_steps"] == 1000
     sup.progress.close()
-    shutil.rmtree(sup.sock_dir)  # made by the constructor; run() would remove it
+    shutil.rmtree(sup.sockets.sock_dir)  # made by the constructor; run() would remove it
 
 
 @pytest.mark.timeout(300)

@@ -10,8 +10,12 @@ socket's place in config.TCP_PORT_ORDER. The binder binds the port on its own co
 
 from __future__ import annotations
 
-from common.config import TCP_PORT_ORDER, Config, tcp_host_map
-from common.transport import ipc_endpoint
+import os
+from dataclasses import dataclass
+
+from common.config import TCP_OFFSETS, TCP_PORT_ORDER, Config, tcp_host_map
+from common.errors import ConfigError
+from common.transport import ipc_endpoint, make_ipc_dir, tcp_host, tcp_port
 from proto.names import ACTOR_LEARNER, CRITIC_LEARNER, LEARNER, REPLAY, SOCKETS
 
 SUPERVISOR = "supervisor"  # the role that binds control and the metrics proxy (it does not register)
@@ -40,3 +44,47 @@ def tcp_table(cfg: Config) -> dict[str, str]:
         role = binder(name, cfg)
         out[name] = f"tcp://{hosts.get(role, hosts.get('all', role))}:{cfg.supervisor.tcp_port + offset}"
     return out
+
+
+@dataclass(frozen=True)
+class RunEndpoints:
+    """The sockets of one run, as the supervisor hands them out."""
+
+    table: dict[str, str]  # every socket's endpoint, what a Welcome names
+    tcp: dict[str, str]  # the tcp endpoints remote services use ({} when the run listens on none)
+    sock_dir: str = ""  # directory of the ipc:// sockets ("" with transport=tcp)
+    own_sock_dir: bool = False  # the run made sock_dir and removes it at the end
+
+    @property
+    def tcp_only(self) -> bool:
+        return not self.sock_dir
+
+
+def run_endpoints(cfg: Config) -> RunEndpoints:
+    """transport=tcp: every socket faces tcp, found by name (Swarm). transport=ipc: ipc://
+    sockets, plus tcp endpoints for remote samplers when supervisor.listen is set."""
+    if cfg.supervisor.transport == "tcp":
+        table = tcp_table(cfg)
+        return RunEndpoints(table, table)
+    directory, own = socket_dir(cfg)
+    return RunEndpoints(ipc_table(directory), tcp_endpoints(cfg.supervisor.listen), directory, own)
+
+
+def socket_dir(cfg: Config) -> tuple[str, bool]:
+    """(directory of the ipc:// sockets, whether the run owns it and removes it at the end)."""
+    path = cfg.supervisor.socket_dir
+    if not path:
+        return make_ipc_dir(), True
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"supervisor.socket_dir={path!r} cannot be made: {exc}") from None
+    return os.path.abspath(path), False
+
+
+def tcp_endpoints(listen: str) -> dict[str, str]:
+    """supervisor.listen -> the tcp endpoint of each socket remote samplers use (config.TCP_OFFSETS)."""
+    if not listen:
+        return {}
+    host, port = tcp_host(listen), tcp_port(listen)
+    return {name: f"tcp://{host}:{port + offset}" for name, offset in TCP_OFFSETS.items()}

@@ -36,12 +36,13 @@ from proto.errors import SpreezeError
 from common.health import serve_health
 from common.health_probe import ENV_HEALTH
 from common.service import ENV_KEYS
-from common.transport import Channel, bind_address, make_ipc_dir, tcp_host, tcp_port
+from common.transport import Channel, bind_address
 from proto.messages import Control, ControlReply, Error, Event, Heartbeat, Register, Welcome
 from proto.names import (ACTOR_LEARNER, CRITIC_LEARNER, EVALUATOR, LEARNER, LEARNER_ROLES, REPLAY, SAMPLER,
                          VISUALIZER)
-from services.supervisor.endpoints import ipc_table, tcp_table
+from services.supervisor.endpoints import run_endpoints
 from services.supervisor.externals import External, Externals
+from services.supervisor.ledger import Ledger
 from services.supervisor.probe import Choice, cpu_seconds, host_cpu
 from services.supervisor.processes import Child, RestartPolicy, ServiceSpec, core_sets, spawn, terminate
 from services.supervisor.progress import Progress
@@ -95,14 +96,8 @@ class Supervisor:
         learners = [LEARNER] if cfg.learner.mode == "fused" else [CRITIC_LEARNER, ACTOR_LEARNER]
         self.cores = (core_sets(learners, cfg.learner.threads, sorted(os.sched_getaffinity(0)))
                       if cfg.learner.own_cores else {})  # service id ("" = any other) -> its cores
-        self.tcp_only = cfg.supervisor.transport == "tcp"  # every socket on tcp, found by name (Swarm)
-        if self.tcp_only:
-            self.sock_dir, self.own_sock_dir = "", False
-            self.endpoints = self.tcp = tcp_table(cfg)  # every socket faces tcp (CURVE with keys)
-        else:
-            self.sock_dir, self.own_sock_dir = socket_dir(cfg)
-            self.endpoints = ipc_table(self.sock_dir)
-            self.tcp = tcp_endpoints(cfg.supervisor.listen)
+        self.sockets = run_endpoints(cfg)
+        self.endpoints, self.tcp, self.tcp_only = self.sockets.table, self.sockets.tcp, self.sockets.tcp_only
         self.externals = Externals(any_role_over_tcp=self.tcp_only)
         self.children = {spec.service_id: Child(spec) for spec in (roster(cfg) if specs is None else specs)}
         sc = cfg.supervisor
@@ -115,8 +110,7 @@ class Supervisor:
         self.retiring: list[tuple[Child, float]] = []  # samplers told to leave, with their exit deadline
         self.next_sampler = cfg.sampler.num_samplers  # index of the next sampler started at runtime
         self.last_ping = 0.0  # monotonic time of the last ping round
-        self.made: dict[str, int] = {}  # sampler id -> env steps its current incarnation made (heartbeats)
-        self.made_before: dict[str, int] = {}  # sampler id -> env steps its earlier incarnations made
+        self.ledger = Ledger()
 
     # ------------------------------------------------------------------ main
     async def run(self) -> int:
@@ -155,8 +149,8 @@ class Supervisor:
         if self.authenticator is not None:
             self.authenticator.stop()
         self.ctx.destroy(linger=0)
-        if self.own_sock_dir:
-            shutil.rmtree(self.sock_dir, ignore_errors=True)
+        if self.sockets.own_sock_dir:
+            shutil.rmtree(self.sockets.sock_dir, ignore_errors=True)
         return 1 if self.failure else 0
 
     def curve(self) -> tuple[CurveKeys | None, CurveKeys | None]:
@@ -262,12 +256,11 @@ class Supervisor:
             peer, msg = await self.control.recv()
             sid = peer.decode(errors="replace") if peer else ""
             child = self.children.get(sid)
-            if isinstance(msg, Heartbeat) and "env_steps" in msg.counters and sid in self.made:
-                self.made[sid] = int(msg.counters["env_steps"])
+            if isinstance(msg, Heartbeat):
+                self.ledger.heard(sid, msg.counters)
             if isinstance(msg, Register):
-                if msg.role == SAMPLER:  # a new incarnation counts its env steps from 0
-                    self.made_before[sid] = self.made_before.get(sid, 0) + self.made.get(sid, 0)
-                    self.made[sid] = 0
+                if msg.role == SAMPLER:
+                    self.ledger.registered(sid)
                 await self.welcome(peer, sid, msg)  # type: ignore[arg-type]
             elif isinstance(msg, Heartbeat) and child is not None:
                 child.last_heartbeat, child.state, child.counters = time.monotonic(), msg.state, msg.counters
@@ -506,24 +499,13 @@ class Supervisor:
         self.account()
 
     def account(self) -> None:
-        """The ledger record: per sampler, env steps made (its heartbeats) against those replay
-        stored and rejected (its ledger metrics); at a clean end made = stored + rejected."""
-        ledger: dict[str, Any] = {}
+        """Record the ledger (ledger.py) and say whether every sampler's env steps were stored."""
+        replay: dict[str, Any] = {}
         for values in self.progress.by_role(REPLAY):
-            ledger.update(values)
-        rows = {}
-        for sid in sorted(self.made):
-            inserted, rejected = ledger.get(f"ledger/{sid}/inserted", 0), ledger.get(f"ledger/{sid}/rejected", 0)
-            rows[sid] = {"made": self.made_before.get(sid, 0) + self.made[sid], "stored": inserted - rejected,
-                         "rejected": rejected, "random": ledger.get(f"ledger/{sid}/random", 0)}
-        self.progress.record("ledger", {"samplers": rows, "warmup_granted": ledger.get("warmup_granted", 0)})
-        lost = {sid: r["made"] - r["stored"] - r["rejected"] for sid, r in rows.items()}
-        if any(lost.values()):
-            self.say("ledger: not stored: " + ", ".join(f"{sid} made {rows[sid]['made']:,}, stored "
-                                                        f"{rows[sid]['stored']:,}" for sid, n in lost.items() if n))
-        else:
-            self.say(f"ledger: made = stored for {len(rows)} sampler(s), "
-                     f"{sum(r['stored'] for r in rows.values()):,} env steps")
+            replay.update(values)
+        record, summary = self.ledger.record(replay)
+        self.progress.record("ledger", record)
+        self.say(summary)
 
     async def _wait_exit(self, group: list[Child], externals: list[External], timeout: float) -> None:
         """Until the children exited and the externals said goodbye or went quiet (or the timeout)."""
@@ -543,25 +525,3 @@ class Supervisor:
                 self.progress.take(msg)
         except SpreezeError:
             pass
-
-
-# ------------------------------------------------------------------ endpoints
-
-def socket_dir(cfg: Config) -> tuple[str, bool]:
-    """(directory of the ipc:// sockets, whether the run owns it and removes it at the end)."""
-    path = cfg.supervisor.socket_dir
-    if not path:
-        return make_ipc_dir(), True
-    try:
-        os.makedirs(path, mode=0o700, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"supervisor.socket_dir={path!r} cannot be made: {exc}") from None
-    return os.path.abspath(path), False
-
-
-def tcp_endpoints(listen: str) -> dict[str, str]:
-    """supervisor.listen -> the tcp endpoint of each socket remote samplers use (config.TCP_OFFSETS)."""
-    if not listen:
-        return {}
-    host, port = tcp_host(listen), tcp_port(listen)
-    return {name: f"tcp://{host}:{port + offset}" for name, offset in TCP_OFFSETS.items()}

@@ -11,17 +11,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 from typing import Any
 
-from bench.runs import run_seed
+from bench.runs import THRESHOLDS, first_reaching, median_reached, run_seed
 
 
 def summarize(result: dict[str, Any], threshold: float) -> dict[str, Any]:
     evals = result["evals"]
-    hit = next((e for e in evals if e["return_mean"] >= threshold), None)
+    hit = first_reaching(evals, threshold)
     return {
         "seed": result["seed"], "run_dir": result["run_dir"],
         "steps_to_threshold": hit["env_steps"] if hit else None,
@@ -32,26 +31,22 @@ def summarize(result: dict[str, Any], threshold: float) -> dict[str, Any]:
     }
 
 
-def median(values: list[float | None]) -> float | None:
-    """Median over seeds; a seed that never reached the threshold counts as infinite."""
-    if not values:
-        return None
-    finite = [v if v is not None else float("inf") for v in values]
-    m = statistics.median(finite)
-    return None if m == float("inf") else m
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="spreeze bench learning", description=__doc__)
     p.add_argument("--env", default="HalfCheetah-v5")
     p.add_argument("--algo", default="td3", choices=("td3", "sac"))
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--total-steps", type=int, default=100_000)
-    p.add_argument("--threshold", type=float, default=3000.0)
+    p.add_argument("--threshold", type=float, help="return counted as learned (default: the task's, "
+                   + ", ".join(f"{e} {t:g}" for e, t in THRESHOLDS.items()) + ")")
     p.add_argument("--config", help="YAML config for every run")
     p.add_argument("--out", default="runs/bench-learning", help="directory for the runs and the JSON")
     p.add_argument("overrides", nargs="*", help="config overrides key=value")
     args = p.parse_args(argv)
+    if args.threshold is None:
+        if args.env not in THRESHOLDS:
+            p.error(f"--env {args.env} has no known threshold: give --threshold")
+        args.threshold = THRESHOLDS[args.env]
     out = Path(args.out)
     rows = []
     for seed in args.seeds:
@@ -64,10 +59,10 @@ def main(argv: list[str] | None = None) -> int:
     summary = {
         "env": args.env, "algo": args.algo, "threshold": args.threshold, "total_steps": args.total_steps,
         "config": args.config, "overrides": args.overrides, "seeds": rows,
-        "median_steps_to_threshold": median([r["steps_to_threshold"] for r in rows]),
-        "median_seconds_to_threshold": median([r["seconds_to_threshold"] for r in rows]),
-        "median_final_return": median([r["final_return"] for r in rows]),
-        "median_best_return": median([r["best_return"] for r in rows]),
+        "median_steps_to_threshold": median_reached([r["steps_to_threshold"] for r in rows]),
+        "median_seconds_to_threshold": median_reached([r["seconds_to_threshold"] for r in rows]),
+        "median_final_return": median_reached([r["final_return"] for r in rows]),
+        "median_best_return": median_reached([r["best_return"] for r in rows]),
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{args.env}-{args.algo}.json").write_text(json.dumps(summary, indent=1))

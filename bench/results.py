@@ -6,7 +6,12 @@ For each algo x network mode (ds: x each --sparsities value) x seed it runs a fu
 (algo, mode[, sparsity]) row:
 
 - return: each run's mean of its last N evaluations (--last; fewer when it has fewer),
-  then mean ± sample std (n-1; 0 with one seed) over seeds;
+  then mean ± sample std (n-1; 0 with one seed) over seeds; final and best: each run's
+  last and highest evaluation, mean ± std over seeds;
+- to threshold: the env steps and the wall-clock seconds (since the command started) of
+  each run's first evaluation at or above the task's threshold (--threshold; default
+  bench.runs.THRESHOLDS), median over seeds with a seed that never reached it counted as
+  never, and how many seeds reached it;
 - params / non-zero: actor + twin critics (online networks; targets, action-scale buffers
   and SAC's temperature not counted), built from the run's config.yaml with make_parts and
   its sparse masks; sparsity: the zero fraction of the sparse (hidden) layers together;
@@ -15,6 +20,9 @@ For each algo x network mode (ds: x each --sparsities value) x seed it runs a fu
   update (the TD3 actor trains once per policy_delay); see
   common.sparse_stats.combined_flops_ratio;
 - wall s: median over seeds of the `spreeze train` command's wall-clock seconds.
+
+Each row's learning curves (every seed, and their mean ± std) are drawn by `spreeze
+plot`'s code into results/curves/<env>/<section key>/<row>/learning_curves.png.
 
 A ds row "matches dense" when its mean is at least dense's mean minus dense's std; the
 section states the highest such sparsity per algo.
@@ -45,10 +53,11 @@ from typing import Any, cast
 import torch
 import yaml
 
-from bench.runs import read_metrics, run_seed
+from bench.runs import THRESHOLDS, first_reaching, median_reached, read_metrics, run_seed
 from common.algorithms import ALGOS, make_parts
 from common.config import Config, from_dict, load_config
 from common.envs import env_spec
+from common.plot import load, plot_learning
 from common.sparse import NETWORKS
 from common.sparse_stats import combined_flops_ratio, overall_sparsity
 from proto.names import LEARNER_ROLES
@@ -120,17 +129,23 @@ def network_counts(cfg: Config) -> Record:
             "sparsity": overall_sparsity(layers) if layers else 0.0}
 
 
-def run_record(variant: Variant, seed: int, run_dir: Path, wall_s: float, last: int) -> Record:
-    """The raw numbers of one finished run, read from its run directory."""
+def run_record(variant: Variant, seed: int, run_dir: Path, wall_s: float, last: int,
+               threshold: float | None = None, start_s: float = 0.0) -> Record:
+    """The raw numbers of one finished run, read from its run directory. ``start_s``: seconds
+    from the command's start to the run's (its evaluations' clock starts there)."""
     rows = read_metrics(run_dir)
     evals = [r for r in rows if r["kind"] == "eval"]
     ret, used = last_mean(evals, last)
+    hit = first_reaching(evals, threshold)
     values = learner_values(rows)
     cfg = from_dict(yaml.safe_load((run_dir / "config.yaml").read_text()))
     flops = combined_flops_ratio(values) if cfg.sparse.enabled else 1.0
     return {**variant.fields(), "seed": seed, "run_dir": str(run_dir), "wall_s": round(wall_s, 1),
             "evals": len(evals), "last_evals": used, "return": ret,
-            "final_return": evals[-1]["return_mean"] if evals else None, **network_counts(cfg),
+            "final_return": evals[-1]["return_mean"] if evals else None,
+            "best_return": max((e["return_mean"] for e in evals), default=None), "threshold": threshold,
+            "steps_to_threshold": hit["env_steps"] if hit else None,
+            "seconds_to_threshold": round(start_s + hit["wall_time"], 1) if hit else None, **network_counts(cfg),
             "sparsity_actor": values.get("sparsity/actor"), "sparsity_critic": values.get("sparsity/critic"),
             "flops_ratio": flops}
 
@@ -146,15 +161,29 @@ def summarize(records: list[Record]) -> list[Record]:
     return [summary_row(runs) for runs in groups.values()]
 
 
+def mean_std(values: list[float | None]) -> tuple[float | None, float | None]:
+    """Mean and sample std (0 with one value) of the values present; (None, None) without any."""
+    present = [v for v in values if v is not None]
+    if not present:
+        return None, None
+    return statistics.fmean(present), statistics.stdev(present) if len(present) > 1 else 0.0
+
+
 def summary_row(runs: list[Record]) -> Record:
-    """Mean ± sample std of the runs' returns, median wall-clock, the networks' sizes."""
+    """Mean ± sample std of the runs' returns, time to threshold, median wall-clock, the networks' sizes."""
     returns = [r["return"] for r in runs if r["return"] is not None]
     flops = [r["flops_ratio"] for r in runs if r["flops_ratio"] is not None]
     first = runs[0]
+    mean, std = mean_std(returns)
+    final_mean, final_std = mean_std([r.get("final_return") for r in runs])
+    best_mean, best_std = mean_std([r.get("best_return") for r in runs])
+    steps = [r.get("steps_to_threshold") for r in runs]
     return {"algo": first["algo"], "network": first["network"], "sparsity_target": first["sparsity_target"],
             "sparsity": first["sparsity"], "seeds": len(runs), "returns": len(returns),
-            "return_mean": statistics.fmean(returns) if returns else None,
-            "return_std": (statistics.stdev(returns) if len(returns) > 1 else 0.0) if returns else None,
+            "return_mean": mean, "return_std": std, "final_mean": final_mean, "final_std": final_std,
+            "best_mean": best_mean, "best_std": best_std, "threshold": first.get("threshold"),
+            "reached": sum(v is not None for v in steps), "steps_to_threshold": median_reached(steps),
+            "seconds_to_threshold": median_reached([r.get("seconds_to_threshold") for r in runs]),
             "last_evals": min(r["last_evals"] for r in runs), "params": first["params"],
             "nonzero": first["nonzero"], "flops_ratio": statistics.fmean(flops) if flops else None,
             "wall_s": statistics.median(r["wall_s"] for r in runs)}
@@ -195,26 +224,40 @@ def match_line(rows: list[Record], algo: str) -> str | None:
 
 # ------------------------------------------------------------------ Markdown and JSON
 
-COLUMNS = ("algo", "network", "sparsity", "return", "seeds", "params", "non-zero", "train FLOPs vs dense",
-           "wall s (median)")
+COLUMNS = ("algo", "network", "sparsity", "return", "final", "best", "steps to", "seconds to", "seeds",
+           "params", "non-zero", "train FLOPs vs dense", "wall s (median)")
 
 
 def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
 
-def _return(row: Record) -> str:
-    return "n/a" if row["return_mean"] is None else f"{row['return_mean']:.1f} ± {row['return_std']:.1f}"
+def _return(row: Record, key: str = "return") -> str:
+    mean, std = row.get(f"{key}_mean"), row.get(f"{key}_std")
+    return "n/a" if mean is None else f"{mean:.1f} ± {std:.1f}"
+
+
+def _to_threshold(row: Record, key: str, fmt: str) -> str:
+    """Median to threshold with how many seeds reached it, e.g. '48,000 (3/3)' or 'no (1/3)'."""
+    if row.get("threshold") is None:
+        return "n/a"
+    value = row.get(key)
+    return f"{'no' if value is None else format(value, fmt)} ({row.get('reached', 0)}/{row['seeds']})"
 
 
 def table(rows: list[Record], last: int) -> str:
     """The Markdown table of the summary rows."""
-    heads = [f"return (last {last} evals)" if c == "return" else c for c in COLUMNS]
+    threshold = next((r["threshold"] for r in rows if r.get("threshold") is not None), None)
+    to = f" {threshold:g}" if threshold is not None else " threshold"
+    heads = [f"return (last {last} evals)" if c == "return" else f"{c}{to} (median)" if c.endswith(" to") else c
+             for c in COLUMNS]
     lines = ["| " + " | ".join(heads) + " |", "|---|---|" + "---:|" * (len(COLUMNS) - 2)]
     for r in rows:
         ret = _return(r) + (f" (last {r['last_evals']})" if r["last_evals"] < last else "")
         cells = [r["algo"], r["network"], "-" if r["network"] == "dense" else _pct(r["sparsity"]), ret,
-                 str(r["seeds"]), f"{r['params']:,}", f"{r['nonzero']:,}",
+                 _return(r, "final"), _return(r, "best"), _to_threshold(r, "steps_to_threshold", ",.0f"),
+                 _to_threshold(r, "seconds_to_threshold", ".0f"), str(r["seeds"]), f"{r['params']:,}",
+                 f"{r['nonzero']:,}",
                  "n/a" if r["flops_ratio"] is None else f"{r['flops_ratio']:.2f}x", f"{r['wall_s']:.0f}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -238,6 +281,8 @@ def section(meta: Record, records: list[Record], planned: int) -> str:
              f"- machine: {m['cores']} cores, {m['cpu']}; GPU: {m['gpu']}",
              f"- commit: {meta['commit'] or 'unknown'}",
              f"- {done}; run dirs under `{meta['runs_dir']}`; raw numbers: `{meta['json']}` key `{meta['key']}`"]
+    if meta.get("curves"):
+        lines.append(f"- learning curves per row: `{meta['curves']}/<row>/learning_curves.png`")
     if failed:
         lines.append(f"- failed runs (errors in the JSON): {', '.join(failed)}")
     lines += ["", table(rows, meta["last"]), ""]
@@ -251,7 +296,10 @@ def section(meta: Record, records: list[Record], planned: int) -> str:
 def definitions(last: int) -> str:
     """The paragraph under every table saying what its numbers are."""
     return (f"Return: per run the mean of its last {last} evaluations (fewer when it has fewer: shown "
-            "as \"last k\"), then mean ± sample std over seeds. Params: actor + twin critics (online "
+            "as \"last k\"), then mean ± sample std over seeds; final and best: each run's last and highest "
+            "evaluation, mean ± std over seeds. Steps and seconds to the threshold: each run's first "
+            "evaluation at or above it (seconds since the command started), median over seeds (\"no\" when "
+            "most seeds never reached it), with the seeds that did. Params: actor + twin critics (online "
             "networks). Sparsity: zeros of the sparse hidden layers together. FLOPs: the learners' "
             "flops_ratio of actor and critics, weighted by each network's dense training FLOPs per "
             "critic update. Within one std of dense: mean >= dense mean - dense std.")
@@ -329,6 +377,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--total-steps", type=int, default=100_000)
     p.add_argument("--last", type=int, default=10, help="evaluations averaged at the end of each run")
+    p.add_argument("--threshold", type=float, help="return counted as learned (default: the task's in "
+                   "bench.runs.THRESHOLDS; none for other tasks)")
     p.add_argument("--sparsities", type=float, nargs="+",
                    help="sparse.sparsity values swept in ds mode (one row each)")
     p.add_argument("--config", help="YAML config for every run")
@@ -343,13 +393,16 @@ def parse(argv: list[str]) -> argparse.Namespace:
     if args.last < 1:
         p.error(f"--last {args.last} must be >= 1")
     args.overrides = overrides
+    if args.threshold is None:
+        args.threshold = THRESHOLDS.get(args.env)
     return args
 
 
 def experiment_key(args: argparse.Namespace) -> str:
     """A short hash of the arguments that define the section (not where files go)."""
     fields = {k: getattr(args, k) for k in ("env", "algos", "modes", "seeds", "total_steps", "last",
-                                            "sparsities", "config", "overrides")}
+                                            "sparsities", "config", "overrides")}  # not the threshold:
+    # it only reads the runs, so a section keeps its key (and its runs) when it changes
     return hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -367,9 +420,22 @@ def train_one(args: argparse.Namespace, variant: Variant, seed: int, runs_dir: P
     try:
         result = run_seed(args.env, variant.algo, seed, args.total_steps, run_dir, args.config,
                           [*args.overrides, *variant.overrides()], network=variant.network)
-        return run_record(variant, seed, run_dir, result["command_wall_s"], args.last)
+        evals = result["evals"]
+        start_s = evals[0]["since_command"] - evals[0]["wall_time"] if evals else 0.0
+        return run_record(variant, seed, run_dir, result["command_wall_s"], args.last, args.threshold, start_s)
     except (RuntimeError, OSError, ValueError) as exc:
         return {**variant.fields(), "seed": seed, "run_dir": str(run_dir), "error": str(exc)[-2000:]}
+
+
+def draw_curves(records: list[Record], out: Path) -> list[Path]:
+    """Each row's learning curves (its seeds and their mean ± std): out/<row>/learning_curves.png."""
+    paths = []
+    for name in dict.fromkeys(r["variant"] for r in records if "error" not in r):
+        runs = {f"seed {r['seed']}": load(Path(r["run_dir"])) for r in records
+                if r["variant"] == name and "error" not in r}
+        (out / name).mkdir(parents=True, exist_ok=True)
+        paths.append(plot_learning(runs, out / name))
+    return paths
 
 
 def describe(i: int, n: int, variant: Variant, r: Record) -> str:
@@ -377,7 +443,10 @@ def describe(i: int, n: int, variant: Variant, r: Record) -> str:
     if "error" in r:
         return f"{head}: FAILED: {r['error'].strip().splitlines()[-1] if r['error'].strip() else ''}"
     ret = "n/a" if r["return"] is None else f"{r['return']:.1f}"
-    return f"{head}: return {ret} (last {r['last_evals']} evals), {r['wall_s']:.0f}s"
+    hit = "" if r["threshold"] is None else (
+        f", {r['threshold']:g} at {r['steps_to_threshold']:,} steps, {r['seconds_to_threshold']:.0f}s"
+        if r["steps_to_threshold"] is not None else f", never {r['threshold']:g}")
+    return f"{head}: return {ret} (last {r['last_evals']} evals), best {r['best_return']:.1f}{hit}, {r['wall_s']:.0f}s"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -392,13 +461,16 @@ def main(argv: list[str] | None = None) -> int:
             "machine": machine_info(), "commit": git_commit(), "env": args.env, "algos": args.algos,
             "modes": args.modes, "seeds": args.seeds, "total_steps": args.total_steps, "last": args.last,
             "sparsities": args.sparsities, "config": args.config, "overrides": args.overrides,
-            "runs_dir": str(Path(args.runs_dir) / args.env / key), "json": str(md.with_suffix(".json"))}
+            "threshold": args.threshold, "runs_dir": str(Path(args.runs_dir) / args.env / key),
+            "json": str(md.with_suffix(".json")), "curves": str(md.parent / "curves" / args.env / key)}
     runs = [(v, seed) for v in plan for seed in args.seeds]
     records: list[Record] = []
     for i, (variant, seed) in enumerate(runs, 1):
         records.append(train_one(args, variant, seed, Path(meta["runs_dir"])))
         print(describe(i, len(runs), variant, records[-1]), flush=True)
         write_results(md, meta, records, len(runs))
+    if any("error" not in r for r in records):
+        print("learning curves: " + ", ".join(map(str, draw_curves(records, Path(meta["curves"])))))
     for line in (match_line(summarize(records), algo) for algo in args.algos):
         if line:
             print(line)

@@ -7,11 +7,15 @@ readers here return only the newest run's records (from its last ``start`` recor
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+# The score each task counts as learned within 100k env steps (deterministic evaluation).
+THRESHOLDS = {"HalfCheetah-v5": 3000.0, "Hopper-v5": 1000.0, "Walker2d-v5": 1000.0, "Ant-v5": 1000.0}
 
 
 def train_command(env: str, algo: str, seed: int, total_steps: int, run_dir: Path,
@@ -57,3 +61,19 @@ def read_evals(run_dir: Path) -> tuple[list[dict[str, Any]], float]:
     """The newest run's evaluation records and its start time (unix seconds)."""
     rows = read_metrics(run_dir)
     return [r for r in rows if r["kind"] == "eval"], rows[0]["unix_time"]
+
+
+def first_reaching(evals: list[dict[str, Any]], threshold: float | None) -> dict[str, Any] | None:
+    """The first evaluation whose mean return is >= ``threshold`` (None: none did, or no threshold)."""
+    if threshold is None:
+        return None
+    return next((e for e in evals if e["return_mean"] >= threshold), None)
+
+
+def median_reached(values: list[float | None]) -> float | None:
+    """Median over seeds of a to-threshold value; a seed that never reached it counts as
+    infinite, so the median is None unless most seeds reached it."""
+    if not values:
+        return None
+    m = statistics.median(v if v is not None else float("inf") for v in values)
+    return None if m == float("inf") else m

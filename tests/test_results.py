@@ -66,9 +66,13 @@ def test_reads_only_the_newest_run_of_a_reused_dir(tmp_path: Path) -> None:
 
 def test_run_record_dense(tmp_path: Path) -> None:
     run = fake_run(tmp_path / "d", [-1500.0, -1000.0, -400.0, -200.0])
-    rec = R.run_record(R.Variant("td3", "dense"), 0, run, 12.34, last=3)
-    assert (rec["return"], rec["last_evals"], rec["evals"], rec["final_return"]) == (
-        pytest.approx(-1600 / 3), 3, 4, -200.0)
+    rec = R.run_record(R.Variant("td3", "dense"), 0, run, 12.34, last=3, threshold=-500.0, start_s=1.5)
+    assert (rec["return"], rec["last_evals"], rec["evals"], rec["final_return"], rec["best_return"]) == (
+        pytest.approx(-1600 / 3), 3, 4, -200.0, -200.0)
+    # the first evaluation at or above -500 is the third: 3,000 env steps, 3 s into the run + 1.5 s start-up
+    assert (rec["steps_to_threshold"], rec["seconds_to_threshold"]) == (3000, 4.5)
+    never = R.run_record(R.Variant("td3", "dense"), 0, run, 12.34, last=3, threshold=0.0)
+    assert (never["steps_to_threshold"], never["seconds_to_threshold"]) == (None, None)
     assert (rec["params"], rec["nonzero"], rec["sparsity"], rec["flops_ratio"]) == (
         DENSE_PARAMS, DENSE_PARAMS, 0.0, 1.0)
     assert rec["wall_s"] == 12.3 and rec["variant"] == "td3-dense"
@@ -109,8 +113,11 @@ def records_for(tmp_path: Path) -> list[dict[str, Any]]:
             returns = [-1500.0, -1500.0] + [final] * 10  # the first two fall outside the last 10
             learner = sparse_metrics(v.sparsity, 0.5, 0.5) if v.sparsity else None
             run = fake_run(tmp_path / f"{v.name}-s{seed}", returns, *extra, learner=learner)
-            out.append(R.run_record(v, seed, run, 10.0 + seed, last=10))
+            out.append(R.run_record(v, seed, run, 10.0 + seed, last=10, threshold=THRESHOLD))
     return out
+
+
+THRESHOLD = -275.0  # dense reaches it in seeds 0 and 2 (final -200, -250), at their third evaluation
 
 
 def test_summary_means_stds_and_rule(tmp_path: Path) -> None:
@@ -125,6 +132,9 @@ def test_summary_means_stds_and_rule(tmp_path: Path) -> None:
     assert dense["wall_s"] == 11.0 and dense["last_evals"] == 10 and dense["flops_ratio"] == 1.0
     assert rows[1]["flops_ratio"] == pytest.approx(0.5)
     assert [round(r["sparsity"], 2) for r in rows] == [0.0, 0.5, 0.8, 0.9]
+    assert (dense["final_mean"], dense["best_mean"]) == (pytest.approx(-250.0), pytest.approx(-250.0))
+    assert (dense["reached"], dense["steps_to_threshold"], dense["seconds_to_threshold"]) == (2, 3000, 3.0)
+    assert (rows[3]["reached"], rows[3]["steps_to_threshold"]) == (0, None)  # ds 0.9 never: no median
     # dense -250 ± 50: ds 0.8 (-290) is within one std, 0.9 (-450) is not
     best = R.highest_matching(rows, "td3")
     assert best is not None and best["sparsity_target"] == 0.8
@@ -174,8 +184,10 @@ def test_results_file_sections_and_json(tmp_path: Path) -> None:
         assert needed in text
     table = [line for line in text.splitlines() if line.startswith("| td3 ")]
     assert len(table) == 4
-    assert table[0] == f"| td3 | dense | - | -250.0 ± 50.0 | 3 | {DENSE_PARAMS:,} | {DENSE_PARAMS:,} | 1.00x | 11 |"
-    assert table[2].startswith("| td3 | ds | 80.0% | -290.0 ± 10.0 | 3 | ") and "| 0.50x |" in table[2]
+    assert table[0] == (f"| td3 | dense | - | -250.0 ± 50.0 | -250.0 ± 50.0 | -250.0 ± 50.0 | 3,000 (2/3) | 3 (2/3) "
+                        f"| 3 | {DENSE_PARAMS:,} | {DENSE_PARAMS:,} | 1.00x | 11 |")
+    assert table[2].startswith("| td3 | ds | 80.0% | -290.0 ± 10.0 | ") and "| no (0/3) | no (0/3) | 3 |" in table[2]
+    assert "| 0.50x |" in table[2] and "steps to -275 (median)" in text
     R.write_results(md, meta(tmp_path, "bbbb", "spreeze results --last 3"), records[:3], 3)  # another command
     text = md.read_text()
     assert text.index("spreeze-results aaaa") < text.index("spreeze-results bbbb") and text.count("# Spreeze") == 1
@@ -183,6 +195,15 @@ def test_results_file_sections_and_json(tmp_path: Path) -> None:
     data = json.loads((tmp_path / "Pendulum-v1.json").read_text())
     assert sorted(data) == ["aaaa", "bbbb"] and len(data["aaaa"]["runs"]) == 12
     assert data["aaaa"]["machine"]["cpu"] == "Test CPU 3000" and len(data["aaaa"]["rows"]) == 4
+
+
+def test_learning_curves_per_row(tmp_path: Path) -> None:
+    records = records_for(tmp_path / "runs")
+    records.append({**R.Variant("td3", "ds", 0.8).fields(), "seed": 9, "run_dir": "x", "error": "boom"})
+    paths = R.draw_curves(records, tmp_path / "curves")
+    assert [p.relative_to(tmp_path / "curves").as_posix() for p in paths] == [
+        f"{name}/learning_curves.png" for name in ("td3-dense", "td3-ds-sp0.5", "td3-ds-sp0.8", "td3-ds-sp0.9")]
+    assert all(p.stat().st_size > 10_000 for p in paths)
 
 
 def test_fewer_evals_than_last_are_marked(tmp_path: Path) -> None:

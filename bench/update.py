@@ -184,7 +184,7 @@ def run(algos: tuple[str, ...] = ALGOS, batch_sizes: tuple[int, ...] = (256, 102
     """Measure every side for every (algo, batch), interleaved; print; return (and write) JSON."""
     if not cxx_compiler():
         raise ConfigError(f"spreeze bench update measures compiled steps, and no C++ compiler runs here "
-                          f"($CXX={os.environ.get('CXX', '')!r}, g++): {CXX_HINT}")
+                          f"($CXX={os.environ.get('CXX', '')!r}, g++) or this Python has no headers: {CXX_HINT}")
     fill = max(fill, max(batch_sizes))
     runs: dict[tuple[str, int], dict[str, list[dict[str, float]]]] = {
         (a, b): {side: [] for side in SIDES} for a in algos for b in batch_sizes}

@@ -34,7 +34,7 @@ from services.supervisor.probe import CXX_HINT, cxx_compiler
 
 # torch.compile builds C++ kernels: where no compiler runs (a bare Debian), tests of compiled
 # steps skip, saying why; training itself plans eager updates there (services/supervisor/probe.py).
-needs_cxx = pytest.mark.skipif(not cxx_compiler(), reason=f"no working C++ compiler: {CXX_HINT}")
+needs_cxx = pytest.mark.skipif(not cxx_compiler(), reason=f"no working C++ compiler or no Python headers: {CXX_HINT}")
 
 S = TypeVar("S", bound=Service)
 T = TypeVar("T")

@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,8 @@ SAMPLERS_MAX = 32
 GPU_BATCH = 1024  # a GPU update costs about the same at 256 and 1024: take the larger
 GPU_ENVS = 8  # GPU learners eat data fast: more envs per sampler amortise each actor call
 ENDS_EARLY_HIDDEN = (256, 256)  # networks for tasks that end episodes when the agent falls
-CXX_HINT = "install g++ (Debian: apt-get install g++) for compiled updates, about 2x faster on CPU"
+CXX_HINT = ("install a C++ compiler and the Python headers (Debian: apt-get install g++ python3-dev) for "
+            "compiled updates, about 2x faster on CPU")
 
 
 @dataclass(frozen=True)
@@ -46,11 +48,11 @@ class Hardware:
     cores: int  # CPU cores this process may run on
     memory_gib: float  # total host memory
     gpus: tuple[Gpu, ...] = ()
-    cxx: str = ""  # the C++ compiler torch.compile would build kernels with; "" when none runs
+    cxx: str = ""  # the C++ compiler torch.compile would build kernels with; "" when none (or no Python.h)
 
     def describe(self) -> str:
         gpus = ", ".join(f"cuda:{g.index} {g.name} {g.memory_gib:.0f} GiB" for g in self.gpus) or "no CUDA device"
-        cxx = f"C++ compiler {self.cxx}" if self.cxx else "no C++ compiler"
+        cxx = f"C++ compiler {self.cxx}" if self.cxx else "no C++ compiler (or no Python headers)"
         return f"{self.cores} CPU cores, {self.memory_gib:.1f} GiB memory, {gpus}, {cxx}"
 
 
@@ -69,10 +71,13 @@ def probe() -> Hardware:
 
 
 def cxx_compiler() -> str:
-    """The C++ compiler torch.compile's inductor looks for ($CXX, else g++) if it runs, else "".
+    """The C++ compiler torch.compile's inductor looks for ($CXX, else g++) if it runs and this
+    Python's headers are there (the compiled steps' C++ wrapper includes Python.h), else "".
 
-    A bare Debian has none: compiling the update steps would fail there, so the plan turns
+    A bare Debian has neither: compiling the update steps would fail there, so the plan turns
     `learner.compile` off up front (and the tests of compiled steps skip) instead."""
+    if not (Path(sysconfig.get_paths()["include"]) / "Python.h").is_file():
+        return ""
     cxx = os.environ.get("CXX") or "g++"
     try:
         ran = subprocess.run([cxx, "--version"], capture_output=True, timeout=PROBE_TIMEOUT)
@@ -149,7 +154,8 @@ def plan(hw: Hardware, cfg: Config, pinned: frozenset[str], row_bytes: int, task
     """The start values of every knob not in `pinned`, each with its reason (pure)."""
     choices: list[Choice] = [] if task is None else task_choices(task, cfg, pinned)
     if not hw.cxx and cfg.learner.compile and "learner.compile" not in pinned:
-        choices.append(Choice("learner.compile", False, f"no C++ compiler: eager updates; {CXX_HINT}"))
+        choices.append(Choice("learner.compile", False,
+                              f"no C++ compiler or Python headers: eager updates; {CXX_HINT}"))
     mode, actor_dev, critic_dev = cfg.learner.mode, cfg.learner.actor_device, cfg.learner.critic_device
     placement = {"learner.mode", "learner.actor_device", "learner.critic_device"}
     if not placement & pinned:

@@ -30,10 +30,6 @@ PROBE_TIMEOUT = 20.0  # seconds for nvidia-smi or the torch subprocess
 LEARNER_THREADS_MAX = 4  # a small MLP's update gains little from more intra-op threads
 SAMPLERS_MAX = 32
 GPU_BATCH = 1024  # a GPU update costs about the same at 256 and 1024: take the larger
-# On CPU an update costs about its batch. TD3 learns as much per env step from 128 (its paper
-# used 100) as from 256 at about 1.45x the updates/s: HalfCheetah-v5 reached 3000 in about
-# 0.7x the wall-clock (3 seeds each). SAC keeps the config's batch (its paper: 256).
-CPU_BATCH = {"td3": 128}
 GPU_ENVS = 8  # GPU learners eat data fast: more envs per sampler amortise each actor call
 ENDS_EARLY_HIDDEN = (256, 256)  # networks for tasks that end episodes when the agent falls
 CXX_HINT = ("install a C++ compiler and the Python headers (Debian: apt-get install g++ python3-dev) for "
@@ -189,7 +185,10 @@ def plan(hw: Hardware, cfg: Config, pinned: frozenset[str], row_bytes: int, task
                               "GPU learners: more envs per actor call" if on_gpu else
                               "CPU learner: the default envs per sampler (the tuner grows it if sampling limits)"))
     if "learner.batch_size" not in pinned:
-        choices.append(batch_choice(cfg, on_gpu))
+        batch = GPU_BATCH if on_gpu else cfg.learner.batch_size
+        choices.append(Choice("learner.batch_size", batch,
+                              f"GPU: {GPU_BATCH} costs about as much per update as 256" if on_gpu else
+                              "CPU: the default batch size (tuned only with supervisor.tune_batch=true)"))
     if "replay.capacity" not in pinned and hw.memory_gib > 0:
         fits = int(hw.memory_gib * GIB * REPLAY_MEMORY_SHARE // max(row_bytes, 1))
         if fits < cfg.replay.capacity:
@@ -198,18 +197,6 @@ def plan(hw: Hardware, cfg: Config, pinned: frozenset[str], row_bytes: int, task
                                   f"{cfg.replay.capacity:,} transitions of {row_bytes} bytes exceed "
                                   f"{REPLAY_MEMORY_SHARE:.0%} of {hw.memory_gib:.3g} GiB memory"))
     return choices
-
-
-def batch_choice(cfg: Config, on_gpu: bool) -> Choice:
-    if on_gpu:
-        return Choice("learner.batch_size", GPU_BATCH, f"GPU: {GPU_BATCH} costs about as much per update as 256")
-    if cfg.algo in CPU_BATCH:
-        return Choice("learner.batch_size", CPU_BATCH[cfg.algo],
-                      f"CPU, {cfg.algo}: {CPU_BATCH[cfg.algo]} (an update costs about its batch on CPU; {cfg.algo} "
-                      f"learns about as much per env step from it as from 256; tuned only with "
-                      f"supervisor.tune_batch=true)")
-    return Choice("learner.batch_size", cfg.learner.batch_size,
-                  f"CPU, {cfg.algo}: the config's batch size (tuned only with supervisor.tune_batch=true)")
 
 
 def task_choices(task: Task, cfg: Config, pinned: frozenset[str]) -> list[Choice]:

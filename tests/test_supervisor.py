@@ -201,3 +201,23 @@ def test_replay_metrics_reaching_the_budget_stop_the_run(tmp_path: Path) -> None
     rows = records(Path(cfg.run_dir) / "metrics.jsonl", "metrics")
     assert rows and rows[0]["service"] == "replay" and rows[0]["inserted"] == 500
     assert records(Path(cfg.run_dir) / "metrics.jsonl", "progress")[-1]["env_steps"] == 500
+
+
+def test_ledger_adds_up_a_restarted_samplers_incarnations() -> None:
+    from services.supervisor.ledger import Ledger
+
+    ledger = Ledger()
+    ledger.heard("sampler-0", {"env_steps": 50})  # not registered yet: not counted
+    ledger.registered("sampler-0")
+    ledger.heard("sampler-0", {"env_steps": 300})
+    ledger.registered("sampler-0")  # restarted: its new incarnation counts from 0
+    ledger.heard("sampler-0", {"env_steps": 200})
+    ledger.heard("sampler-0", {"state": "running"})  # a heartbeat without the counter changes nothing
+    replay = {"ledger/sampler-0/inserted": 500, "ledger/sampler-0/rejected": 0, "ledger/sampler-0/random": 100,
+              "warmup_granted": 100}
+    record, line = ledger.record(replay)
+    assert record == {"samplers": {"sampler-0": {"made": 500, "stored": 500, "rejected": 0, "random": 100}},
+                      "warmup_granted": 100}
+    assert line == "ledger: made = stored for 1 sampler(s), 500 env steps"
+    _, lost = ledger.record({**replay, "ledger/sampler-0/inserted": 420})
+    assert lost == "ledger: not stored: sampler-0 made 500, stored 420"

@@ -420,9 +420,8 @@ def train_one(args: argparse.Namespace, variant: Variant, seed: int, runs_dir: P
     try:
         result = run_seed(args.env, variant.algo, seed, args.total_steps, run_dir, args.config,
                           [*args.overrides, *variant.overrides()], network=variant.network)
-        evals = result["evals"]
-        start_s = evals[0]["since_command"] - evals[0]["wall_time"] if evals else 0.0
-        return run_record(variant, seed, run_dir, result["command_wall_s"], args.last, args.threshold, start_s)
+        return run_record(variant, seed, run_dir, result["command_wall_s"], args.last, args.threshold,
+                          result["start_s"])
     except (RuntimeError, OSError, ValueError) as exc:
         return {**variant.fields(), "seed": seed, "run_dir": str(run_dir), "error": str(exc)[-2000:]}
 

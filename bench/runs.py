@@ -32,7 +32,8 @@ def train_command(env: str, algo: str, seed: int, total_steps: int, run_dir: Pat
 
 def run_seed(env: str, algo: str, seed: int, total_steps: int, run_dir: Path,
              config: str | None, overrides: list[str], network: str | None = None) -> dict[str, Any]:
-    """Train one seed to completion; its evaluations and the command's wall-clock seconds.
+    """Train one seed to completion; its evaluations, the command's wall-clock seconds and
+    ``start_s``, the seconds from the command's start to the run's (its records' clock).
 
     Raises ``RuntimeError`` (with the end of stderr) when the run fails.
     """
@@ -45,7 +46,8 @@ def run_seed(env: str, algo: str, seed: int, total_steps: int, run_dir: Path,
     evals, started = read_evals(run_dir)
     for e in evals:  # seconds since the command was typed, start-up included
         e["since_command"] = started - t0 + e["wall_time"]
-    return {"seed": seed, "run_dir": str(run_dir), "command_wall_s": wall, "evals": evals}
+    return {"seed": seed, "run_dir": str(run_dir), "command_wall_s": wall, "start_s": started - t0,
+            "evals": evals}
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:

@@ -276,7 +276,10 @@ class Supervisor:
             return
         child.registered, child.last_heartbeat, child.state = True, time.monotonic(), "running"
         self.write_roster()
-        await self.control.send(Welcome(sid, self.endpoints, self.welcome_config(child.spec.role),
+        await self.send_welcome(peer, sid, child.spec.role, self.endpoints)
+
+    async def send_welcome(self, peer: bytes, sid: str, role: str, endpoints: dict[str, str]) -> None:
+        await self.control.send(Welcome(sid, endpoints, self.welcome_config(role),
                                         self.cfg.supervisor.heartbeat_interval, self.tcp), to=peer)
 
     # ------------------------------------------------------------------ services it did not start
@@ -295,8 +298,7 @@ class Supervisor:
                           f"registered" + (f" again ({ext.joins - 1} restarts)" if ext.joins > 1 else ""),
                   {"service": sid, "role": msg.role, "host": msg.host, "pid": msg.pid, "remote": msg.remote})
         self.write_roster()
-        await self.control.send(Welcome(sid, endpoints, self.welcome_config(msg.role),
-                                        self.cfg.supervisor.heartbeat_interval, self.tcp), to=peer)
+        await self.send_welcome(peer, sid, msg.role, endpoints)
 
     def external_heartbeat(self, sid: str, msg: Heartbeat) -> None:
         was = self.externals.by_id.get(sid)

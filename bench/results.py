@@ -54,11 +54,12 @@ import torch
 import yaml
 
 from bench.runs import THRESHOLDS, first_reaching, median_reached, read_metrics, run_seed
-from common.algorithms import ALGOS, make_parts
+from common.algorithms import ALGOS
+from common.algorithms.build import make_parts
 from common.config import Config, from_dict, load_config
 from common.envs import env_spec
 from common.plot import load, plot_learning
-from common.sparse import NETWORKS
+from common.sparse_config import NETWORKS
 from common.sparse_stats import combined_flops_ratio, overall_sparsity
 from proto.names import LEARNER_ROLES
 

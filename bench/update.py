@@ -47,7 +47,9 @@ import torch
 
 from bench.system import STARTUP_S, add_output_args, measure, rate
 from bench.plain import LOOPS
-from common.algorithms import ALGOS, fused_step, make_parts
+from common.algorithms import ALGOS
+from common.algorithms.base import fused_step
+from common.algorithms.build import make_parts
 from common.algorithms.compiled import CACHE_ENV, CompileOptions, check_guards, use_compile_cache
 from common.config import Config, load_config
 from common.envs import env_spec

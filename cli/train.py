@@ -11,7 +11,7 @@ from pathlib import Path
 from common.algorithms import ALGOS
 from common.config import Config, field_docs, given_keys, load_config, parse_override
 from common.errors import ConfigError
-from common.sparse import NETWORKS
+from common.sparse_config import NETWORKS
 
 RESUMABLE_KEYS = ("total_steps", "time_limit", "supervisor.listen", "supervisor.keys")  # budget and where it listens
 

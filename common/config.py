@@ -16,7 +16,7 @@ import yaml
 
 from common.algorithms import ALGOS, Algorithm, SACConfig, TD3Config, algorithm
 from common.errors import ConfigError
-from common.sparse import SparseConfig
+from common.sparse_config import SparseConfig
 from common.transport import ROLES, tcp_port
 from proto.names import ROLES as SERVICE_ROLES
 

@@ -6,15 +6,14 @@ a dense layer (outputs) its full size; the backward pass costs 2x the forward. R
 also needs the dense weight gradient once per adaptation: that step's backward costs
 ``f_S + f_D`` instead of ``2 f_S``, so on average ``(f_D - f_S) / every`` more per step.
 SET and static masks add nothing. These are the FLOPs a truly sparse implementation would
-spend; this dense-with-masks simulation spends dense FLOPs.
+spend; this dense-with-masks simulation spends dense FLOPs. Pure arithmetic, without torch (the
+supervisor reads it); counting a module's layers is common.sparse.forward_flops.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-
-from torch import nn
 
 
 @dataclass(frozen=True)
@@ -42,18 +41,6 @@ def overall_sparsity(layers: Iterable[LayerStats]) -> float:
     """Fraction of zero weights over all given layers together."""
     rows = list(layers)
     return 1.0 - sum(r.nnz for r in rows) / sum(r.size for r in rows)
-
-
-def forward_flops(module: nn.Module, nnz: Mapping[str, int]) -> tuple[int, int]:
-    """(dense, sparse) forward multiply-adds per sample of every ``nn.Linear`` in ``module``;
-    ``nnz`` maps a weight name (``"qf1.0.weight"``) to its connection count."""
-    dense = sparse = 0
-    for name, layer in module.named_modules():
-        if isinstance(layer, nn.Linear):
-            size = layer.in_features * layer.out_features
-            dense += size
-            sparse += nnz.get(f"{name}.weight", size)
-    return dense, sparse
 
 
 def training_flops_ratio(dense: int, sparse: int, rigl_every: int | None = None) -> float:

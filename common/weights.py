@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import TYPE_CHECKING
+
 import numpy as np
 import zmq
 
-from common.algorithms.base import State
 from common.errors import TransportTimeout
 from common.transport import Channel
 from proto.messages import Weights
+
+if TYPE_CHECKING:
+    from common.algorithms.base import State
 
 log = logging.getLogger(__name__)
 

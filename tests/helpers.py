@@ -21,7 +21,8 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from common.algorithms import ActorPart, CriticPart, make_parts
+from common.algorithms.base import ActorPart, CriticPart
+from common.algorithms.build import make_parts
 from proto.codec import Encoder
 from common.config import Config, load_config, to_dict
 from common.envs import env_spec

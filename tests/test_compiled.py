@@ -10,7 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from common.algorithms import SACConfig, SparseConfig, TD3Config, fused_step, make_parts
+from common.algorithms import SACConfig, TD3Config
+from common.algorithms.base import fused_step
+from common.algorithms.build import make_parts
+from common.sparse_config import SparseConfig
 from common.algorithms.compiled import CompileOptions, check_guards, use_compile_cache
 from tests.helpers import needs_cxx
 

@@ -3,7 +3,8 @@
 proto/ imports nothing of the project; common/ imports proto only (and itself); services/
 import common and proto, never one another, except that the learner services share
 services/learner/base.py; bench/ and the command line (cli/) sit on top, cli/ above all.
-No import cycles among the project's modules. `spreeze health` stays light (no torch).
+No import cycles among the project's modules. `spreeze health` stays light (no torch), and so
+do the services that do not train.
 """
 
 from __future__ import annotations
@@ -144,6 +145,17 @@ def test_light_commands_import_no_torch(command: str) -> None:
             "print(heavy)\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("module", ["services.sampler.main", "services.replay.main",
+                                    "services.visualizer.main", "services.supervisor.main"])
+def test_services_that_do_not_train_import_no_torch(module: str) -> None:
+    """Only learners (and the evaluator, which writes torch checkpoints) import torch: the run
+    config and the algorithm descriptors are torch-free, so a sampler host needs no torch and a
+    run's start-up spends its CPU on the learner's compile, not on four more torch imports."""
+    code = f"import sys\nimport {module}\nprint('torch' in sys.modules)\n"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "False", out.stdout + out.stderr
 
 
 def test_a_health_check_run_imports_nothing_heavy(tmp_path: Path) -> None:

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from common.algorithms import TD3Config, make_parts
-from common.sparse import SparseConfig
+from common.algorithms import TD3Config
+from common.algorithms.build import make_parts
+from common.sparse_config import SparseConfig
 from common.sparse_stats import combined_flops_ratio
 from proto.messages import EvalResult, Metrics
 from services.supervisor.progress import Progress

@@ -12,7 +12,9 @@ import pytest
 import torch
 from torch import nn
 
-from common.algorithms import SACConfig, TD3Config, fused_step, make_parts
+from common.algorithms import SACConfig, TD3Config
+from common.algorithms.base import fused_step
+from common.algorithms.build import make_parts
 from common.algorithms.base import ActorPart, CriticPart
 from cli.main import parser
 from cli.train import train_config
@@ -20,9 +22,10 @@ from proto.codec import Encoder, decode
 from common.config import load_config
 from common.errors import ConfigError
 from common.numpy_policy import NumpyActor
-from common.sparse import SparseConfig, SparseTopology, hidden_layers
+from common.sparse import SparseTopology, forward_flops, hidden_layers
+from common.sparse_config import SparseConfig
 from common.sparse_masks import drop_indices, split_by_sign, target_densities
-from common.sparse_stats import forward_flops, overall_sparsity, training_flops_ratio
+from common.sparse_stats import overall_sparsity, training_flops_ratio
 from common.weights import (
     WeightsFollower,
     dense_message,

@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from common.algorithms import TD3Config, fused_step, make_parts
+from common.algorithms import TD3Config
+from common.algorithms.base import fused_step
+from common.algorithms.build import make_parts
 from common.algorithms.td3 import TD3ActorPart, TD3CriticPart
 
 torch.set_num_threads(1)

@@ -1,4 +1,5 @@
-"""Helpers every algorithm's `build` shares: seed streams, sparsification, the twin critics.
+"""`make_parts`, which builds an algorithm's actor and critic parts, and the helpers every
+algorithm's `build` shares: seed streams, sparsification, the twin critics.
 
 Seeds: network init and each part's noise RNG come from ``seed`` through fixed, distinct
 sub-seeds, so a fused pair and a split pair built with the same seed start identical and
@@ -11,11 +12,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
-from common.algorithms.base import frozen_copy, seeded
+from common.algorithms import algorithm
+from common.algorithms.base import ActorPart, CriticPart, frozen_copy, seeded
 from common.networks import TwinCritic
-from common.sparse import SparseConfig, SparseTopology, build_topology
+from common.sparse import SparseTopology, build_topology
+from common.sparse_config import SparseConfig
 
 # Sub-seed offsets: seed * STREAMS + offset keeps every (seed, stream) pair distinct.
 STREAMS, ACTOR_INIT, CRITIC_INIT, ACTOR_RNG, CRITIC_RNG = 4, 0, 1, 2, 3
@@ -51,3 +55,25 @@ def critics(obs_dim: int, act_dim: int, cfg: Any, device: torch.device, seed: in
     critic_target = frozen_copy(critic)
     track(topology, critic_target)
     return critic, critic_target, topology
+
+
+def make_parts(algo: str, obs_dim: int, act_dim: int, action_low: np.ndarray,
+               action_high: np.ndarray, cfg: object, device: torch.device,
+               shared: bool, seed: int = 0, *, sparse: SparseConfig | None = None,
+               total_updates: int = 0) -> tuple[ActorPart, CriticPart]:
+    """Build (actor part, critic part) for ``algo`` on ``device``.
+
+    ``shared=True`` (fused learner): both parts hold the same module objects, so
+    :func:`fused_step` is exactly standard TD3/SAC and ``load_*`` are no-ops.
+    ``shared=False``: each part owns its copies, refreshed in place by ``load_*``.
+    ``sparse``: sparse actor and critics (``None`` or network dense: the dense parts);
+    ``total_updates``: the run's budget in critic updates, for the topology freeze (0: none).
+    """
+    spec = algorithm(algo)
+    if not isinstance(cfg, spec.config):
+        raise ValueError(f"algo={algo!r} with config {type(cfg).__name__}: expected {spec.config.__name__}")
+    if sparse is not None:
+        sparse.validate()
+    cfg.validate()  # type: ignore[attr-defined]
+    return spec.build(obs_dim, act_dim, action_low, action_high, cfg, device, shared, seed,
+                      Sparsifier(sparse, seed, total_updates))

@@ -1,27 +1,23 @@
 """What the plumbing knows about an algorithm: one `Algorithm` descriptor each, by name.
 
 Services, replay, the config and the numpy actor ask the descriptor (common.algorithms
-`algorithm(name)`) and never branch on an algorithm's name. A new algorithm is one file
-holding its parts, its hyperparameter dataclass and its descriptor, registered in
+`algorithm(name)`) and never branch on an algorithm's name. Descriptors and hyperparameters
+import no torch (common/algorithms/configs.py): samplers, replay, the visualizer and the
+supervisor read a run config without it, and only a learner imports the parts module that
+`Algorithm.build` names. A new algorithm is its parts module (with a `build` function) plus
+its hyperparameter dataclass and descriptor in configs.py, registered in
 common/algorithms/__init__.py (and given its config section in common/config.py).
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import torch
-
 if TYPE_CHECKING:
     from common.algorithms.base import ActorPart, CriticPart
-    from common.algorithms.build import Sparsifier
-
-Build = Callable[[int, int, np.ndarray, np.ndarray, Any, torch.device, bool, int, "Sparsifier"],
-                 "tuple[ActorPart, CriticPart]"]
-"""(obs_dim, act_dim, action_low, action_high, config, device, shared, seed, sparsifier) -> parts."""
 
 
 @dataclass(frozen=True)
@@ -39,11 +35,17 @@ class Algorithm:
 
     name: str  # --algo value, and the name of the algorithm's section of the run config
     config: type  # its hyperparameter dataclass (frozen, with validate())
-    build: Build  # its actor and critic parts, from freshly built networks
+    parts: str  # the module (torch) whose build(obs_dim, act_dim, low, high, config, device, shared, seed, sparsifier) makes its parts
     policy_delay: Callable[[Any], int]  # critic updates per actor update, from its config
     exploration_noise: Callable[[Any], float]  # samplers' Gaussian action noise (half action ranges), from its config
     actor_nets: tuple[str, ...]  # actor networks the critic part needs (weights message names), in load order
     numpy_actor: NumpyLayout  # how samplers and the evaluator act without torch
+
+    def build(self, *args: Any) -> tuple[ActorPart, CriticPart]:
+        """The algorithm's actor and critic parts from freshly built networks: its parts
+        module's ``build`` (imported here, so only a learner imports torch)."""
+        parts: tuple[ActorPart, CriticPart] = importlib.import_module(self.parts).build(*args)
+        return parts
 
     def samples_per_update(self, cfg: Any, fused: bool) -> float:
         """Batches replay serves per critic update: the fused learner reuses one batch for both

@@ -10,54 +10,23 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from common.algorithms.base import (critic_step, load_critics, save_critics, Batch, State, adam, check, check_hidden,
+from common.algorithms.base import (critic_step, load_critics, save_critics, Batch, State, adam,
                                     load_module_state, load_sparse, module_snapshot, module_state,
                                     optimizer_state, params, save_sparse, scalars,
                                     sparse_step, with_sparse)
 from common.algorithms.base import frozen_copy, make_generator, seeded
 from common.algorithms.build import ACTOR_INIT, ACTOR_RNG, CRITIC_RNG, Sparsifier, critics, sub_seed
-from common.algorithms.descriptor import Algorithm, NumpyLayout
+from common.algorithms.configs import SACConfig
 from common.algorithms import steps
 from common.algorithms.compiled import CompileOptions
 from common.algorithms.steps import FastUpdate
 from common.networks import GaussianActor, TwinCritic
 from common.sparse import SparseTopology
-
-
-@dataclass(frozen=True)
-class SACConfig:
-    """SAC hyperparameters (defaults: SAC v2 / softlearning, CleanRL)."""
-
-    hidden: tuple[int, ...] = (256, 256)  # MLP hidden sizes of the actor and both critics
-    actor_lr: float = 3e-4  # Adam learning rate of the actor
-    critic_lr: float = 3e-4  # Adam learning rate of the twin critics
-    alpha_lr: float = 3e-4  # Adam learning rate of log(alpha) when autotune
-    gamma: float = 0.99  # discount factor
-    tau: float = 0.005  # Polyak rate of the critic targets
-    init_alpha: float = 1.0  # initial temperature, as softlearning/CleanRL/SB3; ~0.2 if no autotune
-    autotune: bool = True  # learn alpha to hold the policy entropy at target_entropy
-    target_entropy: float | None = None  # None means -act_dim
-    log_std_min: float = -5.0  # lower bound of the pre-squash log std
-    log_std_max: float = 2.0  # upper bound of the pre-squash log std
-
-    def validate(self) -> None:
-        """Raise ``ValueError`` naming the first bad field."""
-        check_hidden("sac.hidden", self.hidden)
-        for name in ("actor_lr", "critic_lr", "alpha_lr", "init_alpha"):
-            value = getattr(self, name)
-            check(value > 0, f"sac.{name}", value, "must be > 0")
-        check(0 <= self.gamma <= 1, "sac.gamma", self.gamma, "must be in [0, 1]")
-        check(0 < self.tau <= 1, "sac.tau", self.tau, "must be in (0, 1]")
-        check(self.target_entropy is None or math.isfinite(self.target_entropy),
-              "sac.target_entropy", self.target_entropy, "must be a finite float or None")
-        check(self.log_std_min < self.log_std_max, "sac.log_std_min", self.log_std_min,
-              f"must be < sac.log_std_max={self.log_std_max}")
 
 
 class SACActorPart:
@@ -238,10 +207,3 @@ def build(obs_dim: int, act_dim: int, low: np.ndarray, high: np.ndarray, cfg: SA
                                 shared, make_generator(device, sub_seed(seed, CRITIC_RNG)),
                                 sparse=critic_topology)
     return actor_part, critic_part
-
-
-SAC = Algorithm(name="sac", config=SACConfig, build=build,
-                policy_delay=lambda cfg: 1,
-                exploration_noise=lambda cfg: 0.0,  # explores by sampling its own Gaussian
-                actor_nets=("actor",),  # TD targets use the online actor (and the temperature in extras)
-                numpy_actor=NumpyLayout(trunk="trunk", head="head", stochastic=True))

@@ -10,54 +10,23 @@ With :func:`~common.algorithms.base.fused_step` this is exactly the reference al
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from common.algorithms.base import (critic_step, load_critics, save_critics, Batch, State, adam, check, check_hidden,
+from common.algorithms.base import (critic_step, load_critics, save_critics, Batch, State, adam,
                                     load_module_state, load_sparse, module_snapshot, module_state,
                                     optimizer_state, params, polyak, save_sparse, scalars,
                                     sparse_prune, sparse_step, with_sparse)
 from common.algorithms.base import frozen_copy, make_generator, seeded
 from common.algorithms.build import ACTOR_INIT, CRITIC_RNG, Sparsifier, critics, sub_seed, track
-from common.algorithms.descriptor import Algorithm, NumpyLayout
+from common.algorithms.configs import TD3Config
 from common.algorithms import steps
 from common.algorithms.compiled import CompileOptions
 from common.algorithms.steps import FastUpdate
 from common.networks import DeterministicActor, TwinCritic
 from common.sparse import SparseTopology
-
-
-@dataclass(frozen=True)
-class TD3Config:
-    """TD3 hyperparameters (defaults: the TD3 paper / DS-TD3 paper)."""
-
-    hidden: tuple[int, ...] = (64, 64)  # MLP hidden sizes, actor and critics (paper: 256, 256; 64-64 learns HalfCheetah as fast per step at ~1/5 the CPU)
-    actor_lr: float = 1e-3  # Adam learning rate of the actor
-    critic_lr: float = 1e-3  # Adam learning rate of the twin critics
-    weight_decay: float = 0.0  # Adam (L2) weight decay; the DS-TD3 paper used 2e-4
-    gamma: float = 0.99  # discount factor
-    tau: float = 0.005  # Polyak rate of the target networks
-    policy_noise: float = 0.2  # std of target policy smoothing noise, in half action ranges
-    noise_clip: float = 0.5  # clip of that noise, in half action ranges
-    policy_delay: int = 2  # critic updates per actor update (and per target update)
-    exploration_noise: float = 0.1  # std of sampler Gaussian noise, in half action ranges
-
-    def validate(self) -> None:
-        """Raise ``ValueError`` naming the first bad field."""
-        check_hidden("td3.hidden", self.hidden)
-        for name in ("actor_lr", "critic_lr"):
-            value = getattr(self, name)
-            check(value > 0, f"td3.{name}", value, "must be > 0")
-        for name in ("weight_decay", "policy_noise", "noise_clip", "exploration_noise"):
-            value = getattr(self, name)
-            check(value >= 0, f"td3.{name}", value, "must be >= 0")
-        check(0 <= self.gamma <= 1, "td3.gamma", self.gamma, "must be in [0, 1]")
-        check(0 < self.tau <= 1, "td3.tau", self.tau, "must be in (0, 1]")
-        check(isinstance(self.policy_delay, int) and self.policy_delay >= 1,
-              "td3.policy_delay", self.policy_delay, "must be an int >= 1")
 
 
 class TD3ActorPart:
@@ -223,10 +192,3 @@ def build(obs_dim: int, act_dim: int, low: np.ndarray, high: np.ndarray, cfg: TD
                                 shared, make_generator(device, sub_seed(seed, CRITIC_RNG)),
                                 sparse=critic_topology)
     return actor_part, critic_part
-
-
-TD3 = Algorithm(name="td3", config=TD3Config, build=build,
-                policy_delay=lambda cfg: cfg.policy_delay,
-                exploration_noise=lambda cfg: cfg.exploration_noise,
-                actor_nets=("actor", "actor_target"),  # TD targets use the target actor
-                numpy_actor=NumpyLayout(trunk="net", head=None, stochastic=False))

@@ -27,7 +27,8 @@ import torch
 # silence the heartbeats long enough for the supervisor to declare the learner dead.
 import torch._dynamo  # noqa: F401
 
-from common.algorithms import ActorPart, CriticPart, make_parts
+from common.algorithms.base import ActorPart, CriticPart
+from common.algorithms.build import make_parts
 from common.algorithms.compiled import CompileOptions, check_guards, compile_cache_dir, use_compile_cache
 from common.config import with_learner_setting
 from common.errors import ConfigError

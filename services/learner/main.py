@@ -9,7 +9,7 @@ import math
 import time
 from typing import Any
 
-from common.algorithms import fused_step
+from common.algorithms.base import fused_step
 from common.config import to_dict
 from services.learner.base import LOSS_EVERY, LearnerBase
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -17,8 +18,8 @@ from proto.codec import Encoder
 from common.config import Config
 from common.transport import Channel
 from proto.messages import EvalResult, Event, Metrics
-from services.supervisor.main import Supervisor, roster
-from services.supervisor.processes import Child, RestartPolicy, ServiceSpec
+from services.supervisor.main import OBSERVER_NICE, Supervisor, roster
+from services.supervisor.processes import Child, RestartPolicy, ServiceSpec, spawn
 from services.supervisor.progress import Progress
 from tests.helpers import config
 
@@ -58,14 +59,25 @@ def test_restarts_leave_the_window() -> None:
 
 def test_roster_fused_and_split(tmp_path: Path) -> None:
     fused = roster(config(tmp_path, "sampler.num_samplers=2", "learner.threads=3"))
-    assert [(s.service_id, s.role, s.threads) for s in fused] == [
-        ("replay", "replay", 1), ("learner", "learner", 3), ("evaluator", "evaluator", 1),
-        ("sampler-0", "sampler", 1), ("sampler-1", "sampler", 1), ("visualizer", "visualizer", 1)]
+    assert [(s.service_id, s.role, s.threads, s.nice) for s in fused] == [
+        ("replay", "replay", 1, 0), ("learner", "learner", 3, 0), ("sampler-0", "sampler", 1, 0),
+        ("sampler-1", "sampler", 1, 0), ("evaluator", "evaluator", 1, OBSERVER_NICE),
+        ("visualizer", "visualizer", 1, OBSERVER_NICE)]
     split = roster(config(tmp_path, "learner.mode=split", "visualizer.enabled=false"))
-    assert [s.service_id for s in split] == ["replay", "critic_learner", "actor_learner", "evaluator",
-                                             "sampler-0"]
+    assert [s.service_id for s in split] == ["replay", "critic_learner", "actor_learner", "sampler-0",
+                                             "evaluator"]
     for spec in fused + split:  # every module is runnable with python -m
         assert importlib.util.find_spec(f"{spec.module}.__main__") is not None, spec
+
+
+def test_spawn_sets_the_niceness_of_its_spec(tmp_path: Path) -> None:
+    spec = ServiceSpec("idle-0", "idle", "tests.idle_service", nice=OBSERVER_NICE)
+    proc = spawn(spec, f"ipc://{tmp_path}/nobody", tmp_path / "logs", {})
+    try:
+        assert os.getpriority(os.PRIO_PROCESS, proc.pid) == os.getpriority(os.PRIO_PROCESS, 0) + OBSERVER_NICE
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 # ------------------------------------------------------------------ progress

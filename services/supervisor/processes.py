@@ -20,6 +20,7 @@ class ServiceSpec:
     role: str
     module: str  # run as `python -m <module>`
     threads: int = 1  # OMP/MKL threads for this process
+    nice: int = 0  # added to the process's niceness: > 0 yields the CPU to the services that train
 
 
 @dataclass
@@ -56,9 +57,9 @@ def core_sets(learners: list[str], threads: int, cores: list[int]) -> dict[str, 
 
 def spawn(spec: ServiceSpec, control: str, log_dir: Path, extra_env: dict[str, str],
           cpus: frozenset[int] = frozenset()) -> subprocess.Popen[bytes]:
-    """Start one service as `python -m module` in its own session, logging to a file; with
-    `cpus`, on those cores only (set right after the fork, before the child starts threads,
-    which inherit it)."""
+    """Start one service as `python -m module` in its own session, logging to a file, at its
+    spec's niceness; with `cpus`, on those cores only. Both are set right after the fork,
+    while the child still imports (its threads, started later, inherit them)."""
     env = dict(os.environ)
     env.pop("SPREEZE_HEALTH", None)  # the health socket is the supervisor's (e.g. a container's main process)
     env.update(extra_env)
@@ -69,11 +70,13 @@ def spawn(spec: ServiceSpec, control: str, log_dir: Path, extra_env: dict[str, s
         proc = subprocess.Popen([sys.executable, "-m", spec.module], env=env, stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)  # Ctrl-C reaches the supervisor only
-    if cpus:
-        try:
+    try:
+        if spec.nice:
+            os.setpriority(os.PRIO_PROCESS, proc.pid, os.getpriority(os.PRIO_PROCESS, 0) + spec.nice)
+        if cpus:
             os.sched_setaffinity(proc.pid, cpus)
-        except OSError:  # gone already: the watch loop sees it exit
-            pass
+    except OSError:  # gone already: the watch loop sees it exit
+        pass
     return proc
 
 

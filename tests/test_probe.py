@@ -41,6 +41,19 @@ def test_cpu_host_fused_learner(tmp_path: Path, cores: int, samplers: int, threa
     assert got["learner.batch_size"] == 32  # the config's own (tests' small config): the tuner moves it on CPU
 
 
+@pytest.mark.parametrize("cores, hidden, mode", [(2, "[256,256]", "split"), (2, "[64,256]", "split"),
+                                                 (2, "[128,128]", "fused"), (1, "[256,256]", "fused")])
+def test_cpu_host_splits_learners_for_wide_networks(tmp_path: Path, cores: int, hidden: str, mode: str) -> None:
+    """On CPU an update of 256-wide networks is long beside the weight exchange: the critic and
+    actor learners each take a core (one core: nothing to gain)."""
+    got = chosen(Hardware(cores, 64.0), tmp_path, f"td3.hidden={hidden}")
+    assert (got["learner.mode"], got["learner.actor_device"], got["learner.critic_device"]) == (mode, "cpu", "cpu")
+    assert got["sampler.num_samplers"] == 1
+    reasons = {c.key: c.reason for c in plan(Hardware(cores, 64.0), config(tmp_path, f"td3.hidden={hidden}"),
+                                             frozenset(), ROW)}
+    assert ("256-wide networks: split learners" in reasons["learner.mode"]) == (mode == "split")
+
+
 def test_one_gpu_both_learners_on_it(tmp_path: Path) -> None:
     got = chosen(Hardware(16, 64.0, (H100,)), tmp_path)
     assert (got["learner.mode"], got["learner.actor_device"], got["learner.critic_device"]) == \
@@ -122,6 +135,8 @@ def test_network_size_follows_early_termination(tmp_path: Path, algo: str, env: 
     (choice,) = [c for c in choices if c.key == f"{algo}.hidden"]
     assert choice.value == hidden and env in choice.reason
     assert apply(default, choices).algo_config.hidden == tuple(hidden)
+    (mode,) = [c.value for c in choices if c.key == "learner.mode"]  # placement follows the planned width
+    assert mode == ("split" if max(hidden) >= 256 else "fused")
     pinned = plan(Hardware(2, 8.0), default, frozenset({f"{algo}.hidden"}), ROW, task)
     assert not [c for c in pinned if c.key == f"{algo}.hidden"]  # set by the user: kept
 

@@ -32,6 +32,11 @@ SAMPLERS_MAX = 32
 GPU_BATCH = 1024  # a GPU update costs about the same at 256 and 1024: take the larger
 GPU_ENVS = 8  # GPU learners eat data fast: more envs per sampler amortise each actor call
 ENDS_EARLY_HIDDEN = (256, 256)  # networks for tasks that end episodes when the agent falls
+# On CPU, networks at least this wide make split learners pay: each update is long beside the
+# weight exchange, so critic and actor updates on two cores beat one (2 cores, `spreeze bench
+# e2e`: TD3 256-256 on Walker2d-v5 184 vs 155 updates/s, SAC 256-256 168 vs 110; at 64-64
+# split was no faster, the exchange taking what the second core gave).
+SPLIT_CPU_WIDTH = 256
 CXX_HINT = ("install a C++ compiler and the Python headers (Debian: apt-get install g++ python3-dev) for "
             "compiled updates, about 2x faster on CPU")
 
@@ -153,13 +158,15 @@ def plan(hw: Hardware, cfg: Config, pinned: frozenset[str], row_bytes: int, task
          ) -> list[Choice]:
     """The start values of every knob not in `pinned`, each with its reason (pure)."""
     choices: list[Choice] = [] if task is None else task_choices(task, cfg, pinned)
+    hidden = next((c.value for c in choices if c.key == f"{cfg.algo}.hidden"),
+                  getattr(cfg.algo_config, "hidden", ()))
     if not hw.cxx and cfg.learner.compile and "learner.compile" not in pinned:
         choices.append(Choice("learner.compile", False,
                               f"no C++ compiler or Python headers: eager updates; {CXX_HINT}"))
     mode, actor_dev, critic_dev = cfg.learner.mode, cfg.learner.actor_device, cfg.learner.critic_device
     placement = {"learner.mode", "learner.actor_device", "learner.critic_device"}
     if not placement & pinned:
-        mode, actor_dev, critic_dev, why = placement_for(hw)
+        mode, actor_dev, critic_dev, why = placement_for(hw, max(hidden, default=0))
         choices += [Choice("learner.mode", mode, why), Choice("learner.actor_device", actor_dev, why),
                     Choice("learner.critic_device", critic_dev, why)]
     on_gpu = actor_dev != "cpu" or (mode == "split" and critic_dev != "cpu")
@@ -219,8 +226,9 @@ def task_choices(task: Task, cfg: Config, pinned: frozenset[str]) -> list[Choice
                    f"{'-'.join(map(str, big))} networks (64-64 did not learn such tasks)")]
 
 
-def placement_for(hw: Hardware) -> tuple[str, str, str, str]:
-    """(mode, actor device, critic device, reason) for the CUDA devices found."""
+def placement_for(hw: Hardware, width: int) -> tuple[str, str, str, str]:
+    """(mode, actor device, critic device, reason) for the CUDA devices found, or on CPU for
+    the cores and the networks' widest hidden layer (`width`)."""
     if len(hw.gpus) >= 2:
         a, c = hw.gpus[0].index, hw.gpus[1].index
         return ("split", f"cuda:{a}", f"cuda:{c}",
@@ -228,8 +236,12 @@ def placement_for(hw: Hardware) -> tuple[str, str, str, str]:
     if len(hw.gpus) == 1:
         g = hw.gpus[0].index
         return "split", f"cuda:{g}", f"cuda:{g}", f"1 GPU: split learners both on cuda:{g} (their updates overlap)"
-    return ("fused", "cpu", "cpu", "no CUDA device: the fused learner on CPU (split learners were no faster on "
-            "2 cores: exchanging weights every 2 updates costs what the second core gains)")
+    if hw.cores >= 2 and width >= SPLIT_CPU_WIDTH:
+        return ("split", "cpu", "cpu", f"no CUDA device, {width}-wide networks: split learners, critic and actor "
+                "updates on two cores (updates this large cost far more than exchanging weights)")
+    return ("fused", "cpu", "cpu", "no CUDA device: the fused learner on CPU (with networks under "
+            f"{SPLIT_CPU_WIDTH} wide, split learners were no faster: exchanging weights every 2 updates costs "
+            "what the second core gains)")
 
 
 def apply(cfg: Config, choices: list[Choice]) -> Config:

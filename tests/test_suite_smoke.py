@@ -1,6 +1,7 @@
 """A short `spreeze train` on each locomotion task beyond HalfCheetah (which the bare-machine
 and compose tests run): the plan sizes the networks from the task, every service runs on
-real sockets, and the run evaluates and checkpoints with no restart.
+real sockets (split learners on two cores, for networks that wide), and the run evaluates and
+checkpoints with no restart.
 
 Learning itself is measured by `spreeze results` and `spreeze bench learning` (minutes to
 hours per task), not here. The updates run eagerly to keep this short: compiling 256-256
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -33,6 +35,8 @@ def test_short_run_on_each_task(tmp_path: Path, algo: str, env: str) -> None:
     events = [r for r in rows if r["kind"] == "event"]
     plan = {e["key"]: e["value"] for e in events if e["event"] == "plan"}
     assert plan.get(f"{algo}.hidden") == [256, 256], plan  # the task ends episodes when the agent falls
+    if len(os.sched_getaffinity(0)) >= 2:  # networks that wide: critic and actor learners on two cores
+        assert plan.get("learner.mode") == "split", plan
     assert not [e for e in events if e["event"] == "restart"], events
     evals = [r for r in rows if r["kind"] == "eval"]
     assert evals and all(math.isfinite(e["return_mean"]) and e["length_mean"] >= 1 for e in evals), evals

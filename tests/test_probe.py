@@ -141,6 +141,22 @@ def test_network_size_follows_early_termination(tmp_path: Path, algo: str, env: 
     assert not [c for c in pinned if c.key == f"{algo}.hidden"]  # set by the user: kept
 
 
+@pytest.mark.parametrize("env, warmup", [("HalfCheetah-v5", None), ("Walker2d-v5", 1000), ("Hopper-v5", 1000)])
+def test_random_warm_up_follows_early_termination(tmp_path: Path, env: str, warmup: int | None) -> None:
+    cfg = config(tmp_path, f"env={env}", "sampler.warmup_steps=10000", "replay.min_size=10000", "replay.capacity=20000")
+    got = {c.key: c for c in plan(Hardware(2, 8.0), cfg, frozenset(), ROW, task_facts(env))}
+    if warmup is None:  # random episodes as long as any: the configured warm-up
+        assert "sampler.warmup_steps" not in got and "replay.min_size" not in got
+        return
+    assert got["sampler.warmup_steps"].value == got["replay.min_size"].value == warmup
+    assert env in got["sampler.warmup_steps"].reason
+    planned = apply(cfg, list(got.values()))
+    assert (planned.sampler.warmup_steps, planned.replay.min_size) == (warmup, warmup)
+    for key in ("sampler.warmup_steps", "replay.min_size"):  # either set by the user: both kept
+        kept = plan(Hardware(2, 8.0), cfg, frozenset({key}), ROW, task_facts(env))
+        assert not [c for c in kept if c.key in ("sampler.warmup_steps", "replay.min_size")]
+
+
 def test_core_sets_give_learners_their_own_cores() -> None:
     assert core_sets(["learner"], 1, [0, 1]) == {"learner": frozenset({1}), "": frozenset({0})}
     split = core_sets(["critic_learner", "actor_learner"], 2, list(range(8)))

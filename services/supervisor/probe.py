@@ -32,6 +32,7 @@ SAMPLERS_MAX = 32
 GPU_BATCH = 1024  # a GPU update costs about the same at 256 and 1024: take the larger
 GPU_ENVS = 8  # GPU learners eat data fast: more envs per sampler amortise each actor call
 ENDS_EARLY_HIDDEN = (256, 256)  # networks for tasks that end episodes when the agent falls
+ENDS_EARLY_WARMUP = 1_000  # random warm-up steps for such tasks
 # On CPU, networks at least this wide make split learners pay: each update is long beside the
 # weight exchange, so critic and actor updates on two cores beat one (2 cores, `spreeze bench
 # e2e`: TD3 256-256 on Walker2d-v5 184 vs 155 updates/s, SAC 256-256 168 vs 110; at 64-64
@@ -207,9 +208,13 @@ def plan(hw: Hardware, cfg: Config, pinned: frozenset[str], row_bytes: int, task
 
 
 def task_choices(task: Task, cfg: Config, pinned: frozenset[str]) -> list[Choice]:
-    """Settings derived from the task itself: the network size, by early termination.
+    """Settings derived from the task itself, by early termination: the network size and the
+    random warm-up."""
+    return [*network_choice(task, cfg, pinned), *warmup_choices(task, cfg, pinned)]
 
-    A task that ends the episode when the agent falls (Hopper, Walker2d, Ant) gets 256-256
+
+def network_choice(task: Task, cfg: Config, pinned: frozenset[str]) -> list[Choice]:
+    """A task that ends the episode when the agent falls (Hopper, Walker2d, Ant) gets 256-256
     networks: with 64-64, TD3 plateaued on Walker2d-v5 and Ant-v5 at their first evaluation's
     return for 80k steps. A task without it (HalfCheetah) keeps the algorithm's default, where
     64-64 reached 3000 in as few env steps as 256-256 at a fraction of the CPU per update.
@@ -224,6 +229,22 @@ def task_choices(task: Task, cfg: Config, pinned: frozenset[str]) -> list[Choice
     big = tuple(max(h, b) for h, b in zip(hidden, ENDS_EARLY_HIDDEN)) + hidden[len(ENDS_EARLY_HIDDEN):]
     return [Choice(key, list(big), f"{task.env_id} ends episodes when the agent falls: "
                    f"{'-'.join(map(str, big))} networks (64-64 did not learn such tasks)")]
+
+
+def warmup_choices(task: Task, cfg: Config, pinned: frozenset[str]) -> list[Choice]:
+    """A task that ends the episode when the agent falls gets a short random warm-up (the TD3
+    paper's 1,000 steps for Hopper and Walker2d): random actions fall within a few dozen
+    steps, so more random episodes add only more falls, and learning starts sooner. TD3
+    256-256 on Walker2d-v5, seed 0, best evaluation within 100k steps: 1,042 after a 1k
+    warm-up, 677 after 10k, 434 after 25k. Replay serves its first batch after the warm-up.
+    """
+    keys = {"sampler.warmup_steps", "replay.min_size"}
+    if not task.ends_early or keys & pinned:
+        return []
+    steps = min(cfg.sampler.warmup_steps, ENDS_EARLY_WARMUP)
+    why = (f"{task.env_id} ends episodes when the agent falls: {steps:,} random steps (random actions fall "
+           "within a few dozen steps; longer random warm-ups learned less)")
+    return [Choice("sampler.warmup_steps", steps, why), Choice("replay.min_size", min(cfg.replay.min_size, steps), why)]
 
 
 def placement_for(hw: Hardware, width: int) -> tuple[str, str, str, str]:

@@ -14,8 +14,9 @@ from proto.names import LEARNER_ROLES
 
 STALL_SHARE = 0.25  # no better evaluation for this share of the step budget ...
 STALL_EVALS = 4  # ... over at least this many evaluations: the run is flagged as not learning
-STALL_KNOBS = ("try a larger network (td3.hidden=[256,256] or sac.hidden=[256,256]), a longer random warm-up "
-               "(sampler.warmup_steps), a lower update-to-data ratio (replay.update_to_data=0.5), or another seed")
+STALL_KNOBS = ("try a larger network (td3.hidden=[256,256] or sac.hidden=[256,256]), another random warm-up "
+               "(sampler.warmup_steps: shorter where episodes end early, longer where they do not), "
+               "a lower update-to-data ratio (replay.update_to_data=0.5), or another seed")
 
 
 class Progress:

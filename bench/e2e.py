@@ -31,7 +31,8 @@ from typing import Any
 
 from bench.system import BenchFailed, STARTUP_S, add_output_args, measure, rate
 from common.config import Config, load_config
-from services.supervisor.main import Supervisor, roster
+from services.supervisor.main import Supervisor
+from services.supervisor.processes import roster
 from services.supervisor.progress import Progress
 
 HUGE = 10 ** 15  # total_steps: never reached

@@ -36,7 +36,7 @@ import numpy as np
 from bench.system import STARTUP_S, add_output_args, measure, rate
 from common.config import load_config
 from common.envs import make_env
-from services.supervisor.main import roster
+from services.supervisor.processes import roster
 from services.supervisor.progress import Progress
 
 HUGE = 10 ** 15  # total_steps and warm-up: never reached

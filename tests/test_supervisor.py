@@ -18,8 +18,8 @@ from proto.codec import Encoder
 from common.config import Config
 from common.transport import Channel
 from proto.messages import EvalResult, Event, Metrics
-from services.supervisor.main import OBSERVER_NICE, Supervisor, roster
-from services.supervisor.processes import Child, RestartPolicy, ServiceSpec, spawn
+from services.supervisor.main import Supervisor
+from services.supervisor.processes import OBSERVER_NICE, Child, RestartPolicy, ServiceSpec, roster, spawn
 from services.supervisor.progress import Progress
 from tests.helpers import config
 

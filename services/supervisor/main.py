@@ -44,7 +44,8 @@ from services.supervisor.endpoints import run_endpoints
 from services.supervisor.externals import External, Externals
 from services.supervisor.ledger import Ledger
 from services.supervisor.probe import Choice, cpu_seconds, host_cpu
-from services.supervisor.processes import Child, RestartPolicy, ServiceSpec, core_sets, spawn, terminate
+from services.supervisor.processes import (Child, RestartPolicy, ServiceSpec, core_sets, roster, service, spawn,
+                                           terminate)
 from services.supervisor.progress import Progress
 from services.supervisor.tuner import Setting
 from services.supervisor.tuning import Sample, TuningLoop
@@ -56,32 +57,6 @@ STOP_GRACE = 20.0  # seconds a service has to exit after a shutdown command
 LAST_TO_STOP = (EVALUATOR, REPLAY, VISUALIZER)  # the final evaluation reaches disk and dashboard
 PROXY_HWM = 10_000  # metrics messages queued in the proxy before it drops (PUB semantics)
 BUS_WAIT = 5.0  # seconds to wait for the metrics bus to carry a first record before publishing the plan
-# The evaluator and visualizer report on training and need no CPU for it to go on: at a higher
-# niceness they leave the cores to the learner's compile at start-up and to its updates later.
-OBSERVER_NICE = 5
-
-
-def service(role: str, service_id: str = "", threads: int = 1, nice: int = 0) -> ServiceSpec:
-    """A service of `role`, run as `python -m services.<role>` (id: the role, unless given)."""
-    return ServiceSpec(service_id or role, role, f"services.{role}", threads, nice)
-
-
-def roster(cfg: Config) -> list[ServiceSpec]:
-    """The services of a local run, in start order: those that train first, then the observers
-    (none in hub mode: they register on their own)."""
-    if cfg.supervisor.mode == "hub":
-        return []
-    threads = cfg.learner.threads
-    specs = [service(REPLAY)]
-    if cfg.learner.mode == "fused":
-        specs.append(service(LEARNER, threads=threads))
-    else:
-        specs += [service(CRITIC_LEARNER, threads=threads), service(ACTOR_LEARNER, threads=threads)]
-    specs += [service(SAMPLER, f"{SAMPLER}-{i}") for i in range(cfg.sampler.num_samplers)]
-    specs.append(service(EVALUATOR, nice=OBSERVER_NICE))
-    if cfg.visualizer.enabled:
-        specs.append(service(VISUALIZER, nice=OBSERVER_NICE))
-    return specs
 
 
 class Supervisor:

@@ -1,4 +1,4 @@
-"""Child processes of a local run, and the restart policy with backoff."""
+"""The services of a local run (`roster`), their child processes, and the restart policy with backoff."""
 
 from __future__ import annotations
 
@@ -11,6 +11,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from common.config import Config
+from proto.names import ACTOR_LEARNER, CRITIC_LEARNER, EVALUATOR, LEARNER, REPLAY, SAMPLER, VISUALIZER
+
 
 @dataclass
 class ServiceSpec:
@@ -21,6 +24,34 @@ class ServiceSpec:
     module: str  # run as `python -m <module>`
     threads: int = 1  # OMP/MKL threads for this process
     nice: int = 0  # added to the process's niceness: > 0 yields the CPU to the services that train
+
+
+# The evaluator and visualizer report on training and need no CPU for it to go on: at a higher
+# niceness they leave the cores to the learner's compile at start-up and to its updates later.
+OBSERVER_NICE = 5
+
+
+def service(role: str, service_id: str = "", threads: int = 1, nice: int = 0) -> ServiceSpec:
+    """A service of `role`, run as `python -m services.<role>` (id: the role, unless given)."""
+    return ServiceSpec(service_id or role, role, f"services.{role}", threads, nice)
+
+
+def roster(cfg: Config) -> list[ServiceSpec]:
+    """The services of a local run, in start order: those that train first, then the observers
+    (none in hub mode: they register on their own)."""
+    if cfg.supervisor.mode == "hub":
+        return []
+    threads = cfg.learner.threads
+    specs = [service(REPLAY)]
+    if cfg.learner.mode == "fused":
+        specs.append(service(LEARNER, threads=threads))
+    else:
+        specs += [service(CRITIC_LEARNER, threads=threads), service(ACTOR_LEARNER, threads=threads)]
+    specs += [service(SAMPLER, f"{SAMPLER}-{i}") for i in range(cfg.sampler.num_samplers)]
+    specs.append(service(EVALUATOR, nice=OBSERVER_NICE))
+    if cfg.visualizer.enabled:
+        specs.append(service(VISUALIZER, nice=OBSERVER_NICE))
+    return specs
 
 
 @dataclass

@@ -56,9 +56,8 @@ from common.envs import env_spec
 from common.errors import ConfigError
 from common.learner_io import device_of
 from services.learner.base import LOSS_EVERY
-from services.supervisor.processes import roster
 from services.supervisor.probe import CXX_HINT, cxx_compiler
-from services.supervisor.processes import ServiceSpec
+from services.supervisor.processes import ServiceSpec, roster
 from services.supervisor.progress import Progress
 
 ENV = "HalfCheetah-v5"  # the sizes measured: obs 17, act 6

@@ -47,9 +47,9 @@ def test_fused_and_split_both_learn_pendulum(tmp_path: Path) -> None:
     results = {}
     for mode in ("fused", "split"):
         run = tmp_path / mode
-        proc = train(run, "--total-steps", "6000", f"learner.mode={mode}")
+        proc = train(run, "--total-steps", "8000", f"learner.mode={mode}")
         assert proc.returncode == 0, proc.stdout + proc.stderr
-        assert "budget of 6,000 env steps reached" in proc.stdout
+        assert "budget of 8,000 env steps reached" in proc.stdout
         results[mode] = best_eval(run)
         for e in records(run, "eval"):
             assert {"env_steps", "updates", "wall_time", "return_mean"} <= set(e)
@@ -62,7 +62,8 @@ def test_fused_and_split_both_learn_pendulum(tmp_path: Path) -> None:
     assert float(ev.stdout.split("return ")[1].split()[0]) > REPLAYED, ev.stdout
     assert results["fused"] > LEARNED, results
     assert results["split"] > LEARNED, results
-    # (how close the two come on 6,000 steps varies with the machine's load: one seed's best
+    # (8,000 steps: with 6,000, an eager fused run on a bare machine once peaked at -845.
+    # How close the two come on 8,000 steps varies with the machine's load: one seed's best
     # evaluations of two learned runs differed by 150 to 620; both beating random is the claim)
 
 

@@ -70,9 +70,10 @@ def test_fused_and_split_both_learn_pendulum(tmp_path: Path) -> None:
 @pytest.mark.timeout(200)
 def test_sac_split_learns_pendulum(tmp_path: Path) -> None:
     run = tmp_path / "sac"
-    proc = train(run, "--algo", "sac", "--total-steps", "6000", "learner.mode=split")
+    proc = train(run, "--algo", "sac", "--total-steps", "8000", "learner.mode=split")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert best_eval(run) > LEARNED
+    assert best_eval(run) > LEARNED  # (with 6,000 steps a run on a loaded machine once peaked at -869;
+    # SAC on Pendulum turns from about -1200 to about -150 between 4,500 and 6,000 steps)
     alphas = [r["alpha"] for r in records(run, "metrics") if r.get("service") == "actor_learner" and "alpha" in r]
     assert alphas and alphas[-1] < 1.0  # the temperature was learned (starts at 1.0)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from common.algorithms import TD3Config
+from common.algorithms import SACConfig, TD3Config
 from common.config import given_keys
 from common.envs import task_facts
 from common.errors import ConfigError
@@ -125,12 +125,13 @@ def test_nvidia_smi_lines() -> None:
     ("td3", "HalfCheetah-v5", [64, 64]),  # never ends early: the algorithm's default
     ("td3", "Walker2d-v5", [256, 256]),  # falls end its episodes: larger networks
     ("td3", "Ant-v5", [256, 256]),
-    ("sac", "Hopper-v5", [256, 256]),  # SAC's default is that size already
+    ("sac", "HalfCheetah-v5", [64, 64]),
+    ("sac", "Hopper-v5", [256, 256]),
 ])
 def test_network_size_follows_early_termination(tmp_path: Path, algo: str, env: str, hidden: list[int]) -> None:
     task = task_facts(env)
-    cfg = config(tmp_path, f"algo={algo}", f"env={env}", f"{algo}.hidden=[64,64]" if algo == "td3" else "seed=0")
-    default = dataclasses.replace(cfg, td3=TD3Config()) if algo == "td3" else cfg  # the shipped default, not the tests'
+    cfg = config(tmp_path, f"algo={algo}", f"env={env}")
+    default = dataclasses.replace(cfg, td3=TD3Config(), sac=SACConfig())  # the shipped defaults, not the tests'
     choices = plan(Hardware(2, 8.0), default, frozenset(), ROW, task)
     (choice,) = [c for c in choices if c.key == f"{algo}.hidden"]
     assert choice.value == hidden and env in choice.reason

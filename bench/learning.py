@@ -5,12 +5,18 @@ runs do not compete for cores. From each run's metrics.jsonl it reads the first
 evaluation reaching the threshold: its env steps and its wall-clock time since start,
 plus the final and best evaluation returns. Medians across seeds are printed and
 written as JSON.
+
+A seed's run directory is named by the settings that shape the run (config, overrides,
+steps), so runs with other settings never collide; rerunning the same command replaces
+that command's earlier runs (they are the benchmark's scratch, not a user's run).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,6 +35,13 @@ def summarize(result: dict[str, Any], threshold: float) -> dict[str, Any]:
         "best_return": max((e["return_mean"] for e in evals), default=None),
         "command_wall_s": result["command_wall_s"],
     }
+
+
+def runs_dir(args: argparse.Namespace) -> Path:
+    """Where this command's seeds run: ``out/<env>-<algo>-<hash of config, overrides, steps>``."""
+    fields = {"config": args.config, "overrides": args.overrides, "total_steps": args.total_steps}
+    key = hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:8]
+    return Path(args.out) / f"{args.env}-{args.algo}-{key}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,8 +63,15 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     rows = []
     for seed in args.seeds:
-        result = run_seed(args.env, args.algo, seed, args.total_steps, out / f"{args.env}-{args.algo}-s{seed}",
-                          args.config, args.overrides)
+        run_dir = runs_dir(args) / f"s{seed}"
+        if run_dir.exists():
+            print(f"replacing the earlier run of this command in {run_dir}", flush=True)
+            shutil.rmtree(run_dir)
+        try:
+            result = run_seed(args.env, args.algo, seed, args.total_steps, run_dir, args.config, args.overrides)
+        except RuntimeError as exc:
+            print(f"spreeze bench learning: error: {exc}", file=sys.stderr)
+            return 1
         rows.append(summarize(result, args.threshold))
         r = rows[-1]
         print(f"seed {seed}: steps to {args.threshold:g}: {r['steps_to_threshold']}, seconds: "
@@ -65,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         "median_best_return": median_reached([r["best_return"] for r in rows]),
     }
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{args.env}-{args.algo}.json").write_text(json.dumps(summary, indent=1))
+    runs_dir(args).with_suffix(".json").write_text(json.dumps(summary, indent=1))
     print(f"{args.env} {args.algo}: median steps to {args.threshold:g} = {summary['median_steps_to_threshold']}, "
           f"median seconds = {summary['median_seconds_to_threshold']}, median final return = "
           f"{summary['median_final_return']}")

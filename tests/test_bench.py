@@ -153,3 +153,22 @@ def test_bench_remote_tiny_run(capsys: pytest.CaptureFixture[str]) -> None:
     for path in ("ipc", "tcp", "tcp+curve"):
         assert f"  {path} " in out
     assert "1.00 of ipc" in out
+
+
+def test_bench_learning_reruns_replace_their_runs_and_other_settings_get_their_own(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from bench.learning import main as learning
+    tiny = ["--env", "Pendulum-v1", "--threshold", "-1600", "--seeds", "0", "--total-steps", "1200",
+            "--out", str(tmp_path), "replay.min_size=500", "sampler.warmup_steps=500", "eval.every_updates=300",
+            "eval.episodes=1", "learner.compile=false"]
+    assert learning(tiny) == 0
+    (first,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    assert (first / "s0" / "metrics.jsonl").exists() and first.with_suffix(".json").exists()
+    assert learning(tiny) == 0  # the same command again: a fresh run in the same place, not an error
+    assert "replacing the earlier run" in capsys.readouterr().out
+    starts = [line for line in (first / "s0" / "metrics.jsonl").read_text().splitlines() if '"kind": "start"' in line]
+    assert len(starts) == 1
+    assert learning([*tiny, "td3.hidden=[32,32]"]) == 0  # other settings: their own directory and JSON
+    assert len([p for p in tmp_path.iterdir() if p.is_dir()]) == 2
+    assert learning([*tiny, "td3.tau=7"]) == 1  # a run that fails is an error line and status 1, no traceback
+    assert "spreeze bench learning: error: seed 0 failed" in capsys.readouterr().err

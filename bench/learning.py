@@ -14,14 +14,13 @@ that command's earlier runs (they are the benchmark's scratch, not a user's run)
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
-from bench.runs import THRESHOLDS, first_reaching, median_reached, run_seed
+from bench.runs import THRESHOLDS, first_reaching, median_reached, run_seed, settings_key
 
 
 def summarize(result: dict[str, Any], threshold: float) -> dict[str, Any]:
@@ -40,8 +39,7 @@ def summarize(result: dict[str, Any], threshold: float) -> dict[str, Any]:
 def runs_dir(args: argparse.Namespace) -> Path:
     """Where this command's seeds run: ``out/<env>-<algo>-<hash of config, overrides, steps>``."""
     fields = {"config": args.config, "overrides": args.overrides, "total_steps": args.total_steps}
-    key = hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:8]
-    return Path(args.out) / f"{args.env}-{args.algo}-{key}"
+    return Path(args.out) / f"{args.env}-{args.algo}-{settings_key(fields, 8)}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,10 +58,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.env not in THRESHOLDS:
             p.error(f"--env {args.env} has no known threshold: give --threshold")
         args.threshold = THRESHOLDS[args.env]
-    out = Path(args.out)
+    base = runs_dir(args)
     rows = []
     for seed in args.seeds:
-        run_dir = runs_dir(args) / f"s{seed}"
+        run_dir = base / f"s{seed}"
         if run_dir.exists():
             print(f"replacing the earlier run of this command in {run_dir}", flush=True)
             shutil.rmtree(run_dir)
@@ -84,8 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         "median_final_return": median_reached([r["final_return"] for r in rows]),
         "median_best_return": median_reached([r["best_return"] for r in rows]),
     }
-    out.mkdir(parents=True, exist_ok=True)
-    runs_dir(args).with_suffix(".json").write_text(json.dumps(summary, indent=1))
+    base.parent.mkdir(parents=True, exist_ok=True)
+    base.with_suffix(".json").write_text(json.dumps(summary, indent=1))
     print(f"{args.env} {args.algo}: median steps to {args.threshold:g} = {summary['median_steps_to_threshold']}, "
           f"median seconds = {summary['median_seconds_to_threshold']}, median final return = "
           f"{summary['median_final_return']}")

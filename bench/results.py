@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import hashlib
 import json
 import os
 import platform
@@ -53,7 +52,7 @@ from typing import Any, cast
 import torch
 import yaml
 
-from bench.runs import THRESHOLDS, first_reaching, median_reached, read_metrics, run_seed
+from bench.runs import THRESHOLDS, first_reaching, median_reached, read_metrics, run_seed, settings_key
 from common.algorithms import ALGOS
 from common.algorithms.build import make_parts
 from common.config import Config, from_dict, load_config
@@ -404,7 +403,7 @@ def experiment_key(args: argparse.Namespace) -> str:
     fields = {k: getattr(args, k) for k in ("env", "algos", "modes", "seeds", "total_steps", "last",
                                             "sparsities", "config", "overrides")}  # not the threshold:
     # it only reads the runs, so a section keeps its key (and its runs) when it changes
-    return hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
+    return settings_key(fields, 12)
 
 
 def check_configs(args: argparse.Namespace, plan: list[Variant]) -> None:

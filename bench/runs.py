@@ -6,6 +6,7 @@ readers here return only the newest run's records (from its last ``start`` recor
 
 from __future__ import annotations
 
+import hashlib
 import json
 import statistics
 import subprocess
@@ -16,6 +17,11 @@ from typing import Any
 
 # The score each task counts as learned within 100k env steps (deterministic evaluation).
 THRESHOLDS = {"HalfCheetah-v5": 3000.0, "Hopper-v5": 1000.0, "Walker2d-v5": 1000.0, "Ant-v5": 1000.0}
+
+
+def settings_key(fields: dict[str, Any], length: int) -> str:
+    """A short, stable hash of the settings that define a benchmark's runs (names their files)."""
+    return hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:length]
 
 
 def train_command(env: str, algo: str, seed: int, total_steps: int, run_dir: Path,

@@ -135,7 +135,7 @@ class VisualizerConfig:
 class SupervisorConfig:
     heartbeat_interval: float = 1.0  # seconds between heartbeats of each service
     liveness: int = 5  # missed heartbeats before a service is declared dead (3-5 is reasonable)
-    start_timeout: float = 60.0  # seconds a started service has to register
+    start_timeout: float = 60.0  # seconds a started service has to register and send its first heartbeat
     max_restarts: int = 5  # restarts of one service within restart_window before the run stops
     restart_window: float = 300.0  # seconds
     backoff: float = 1.0  # first restart delay in seconds, doubled per restart in the window

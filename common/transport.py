@@ -113,6 +113,29 @@ def tcp_port(endpoint: str) -> int:
     return int(port)
 
 
+def ephemeral_ports() -> tuple[int, int]:
+    """The range the kernel takes outgoing connections' source ports from (Linux; its default elsewhere)."""
+    try:
+        low, high = open("/proc/sys/net/ipv4/ip_local_port_range").read().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def in_use_hint(endpoint: str) -> str:
+    """Why a tcp port may be taken when nothing else listens on it: peers reconnecting to a local
+    port in the ephemeral range can be given that port as their source and connect to themselves."""
+    low, high = ephemeral_ports()
+    try:
+        port = tcp_port(endpoint)
+    except ConfigError:
+        return ""
+    if not low <= port <= high:
+        return ""
+    return (f" (port {port} is in this machine's ephemeral range {low}-{high}, which outgoing "
+            f"connections take their source ports from: use ports below {low})")
+
+
 def bind_address(endpoint: str) -> str:
     """Where a binder binds `endpoint`: a tcp:// endpoint named by a host name (a Swarm or compose
     service name, as announced to its peers) binds that port on every interface of the
@@ -173,8 +196,9 @@ class Channel:
                 self.sock.bind(bind_address(each)) if binding else self.sock.connect(each)
             except zmq.ZMQError as exc:
                 self.sock.close(linger=0)
+                hint = in_use_hint(each) if exc.errno == zmq.EADDRINUSE else ""
                 raise ConfigError(f"cannot {'bind' if binding else 'connect'} {role} socket to "
-                                  f"{each!r}: {exc}") from None
+                                  f"{each!r}: {exc}{hint}") from None
 
     # ------------------------------------------------------------------ sending
     async def send(self, msg: Message, to: bytes | None = None) -> None:

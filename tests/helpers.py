@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import shutil
+import socket
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
@@ -28,7 +30,7 @@ from common.config import Config, load_config, to_dict
 from common.envs import env_spec
 from common.errors import TransportTimeout
 from common.service import Service
-from common.transport import Channel, ipc_endpoint, make_ipc_dir
+from common.transport import Channel, ephemeral_ports, ipc_endpoint, make_ipc_dir
 from proto.messages import Experience, Message, Metrics, Register, TransitionLayout, Welcome
 from proto.names import SOCKETS as ENDPOINT_NAMES
 from services.supervisor.probe import CXX_HINT, cxx_compiler
@@ -45,6 +47,32 @@ SMALL = ["env=Pendulum-v1", "td3.hidden=[32,32]", "sac.hidden=[32,32]", "replay.
          "sampler.steps_per_push=8", "learner.batch_size=32", "learner.prefetch=2", "learner.compile=false",
          "learner.batches_per_request=1",
          "eval.episodes=1", "eval.video_every=0", "supervisor.heartbeat_interval=0.05"]
+
+
+def free_port_base(count: int = 4) -> int:
+    """A port P with P..P+count-1 free right now, below the ephemeral range.
+
+    Below it because a peer that keeps reconnecting to a local port nobody listens on yet
+    (a service still starting, or restarting) can be given that very port as its own source
+    port: TCP then connects the socket to itself and holds the port, and the service's bind
+    fails for as long as that lasts."""
+    low = ephemeral_ports()[0]
+    rng = random.Random(os.getpid() ^ time.monotonic_ns())
+    for _ in range(200):
+        base = rng.randrange(max(1024, low - 12000), low - count)
+        socks: list[socket.socket] = []
+        try:
+            for port in range(base, base + count):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise AssertionError(f"no {count} consecutive free ports below {low}")
 
 
 def config(run_dir: Path | str, *overrides: str) -> Config:

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from tests.compose import COMPOSE_FILE, ROOT, ComposeService, Local, services
+from tests.helpers import free_port_base
 from tests.test_integration import records, wait_for
-from tests.test_remote_sampler import free_port_base
 
 PROFILES = ("split", "fused", "cpu")
 LEARNERS = {"split": {"actor_learner", "critic_learner"}, "fused": {"learner"},

@@ -20,7 +20,8 @@ from common.transport import make_ipc_dir
 from proto.codec import Encoder
 from proto.messages import Heartbeat, to_frames
 from tests.test_integration import FAST, records
-from tests.test_remote_sampler import cli, free_port_base, roster, stop
+from tests.helpers import free_port_base
+from tests.test_remote_sampler import cli, roster, stop
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "minimal_sampler.py"

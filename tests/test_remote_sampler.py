@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,32 +22,10 @@ import zmq
 from proto.codec import Encoder
 from common.curve_auth import client_keys, make_keys
 from proto.messages import Experience, to_frames
+from tests.helpers import free_port_base
 from tests.test_integration import FAST, pid_alive, records, wait_for
 
 REMOTE = [*FAST, "sampler.num_samplers=0", "supervisor.heartbeat_interval=0.5", "--time-limit", "200"]
-
-
-def free_port_base(count: int = 4) -> int:
-    """A port P with P..P+count-1 free right now (the trainer binds all four by default)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base > 65000:
-            continue
-        try:
-            socks = []
-            for port in range(base, base + count):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise AssertionError("no four consecutive free ports")
 
 
 def cli(*args: str) -> list[str]:

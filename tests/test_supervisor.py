@@ -188,6 +188,39 @@ def test_a_registered_service_heartbeats_and_exits_on_shutdown(tmp_path: Path,
     assert row["state"] == "stopped" and row["pid"] == child.proc.pid
 
 
+def test_a_service_building_itself_after_registering_is_not_taken_for_dead(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Registered, then 1 s without a heartbeat (imports, networks) against a 0.3 s silence: still starting."""
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    monkeypatch.setenv("SPREEZE_TEST_BUILD_SECONDS", "1.0")
+    cfg = run_config(tmp_path, "supervisor.heartbeat_interval=0.1", "supervisor.liveness=3")
+
+    async def during(sup: Supervisor, task: asyncio.Task[int]) -> None:
+        child = sup.children["idle-0"]
+        deadline = time.monotonic() + 7
+        states = []
+        while not child.last_heartbeat - child.started > 1.0:  # a beat after its build
+            assert time.monotonic() < deadline and not task.done(), "no heartbeat after the build"
+            states.append(child.state)
+            await asyncio.sleep(0.02)
+        assert "registered" in states and child.state == "running"  # running from its first beat on
+        sup.stop("test done")
+
+    rc, sup = run_supervisor(cfg, [ServiceSpec("idle-0", "idle", "tests.idle_service")], during)
+    assert rc == 0 and sup.children["idle-0"].total_restarts == 0
+    assert not records(Path(cfg.run_dir) / "metrics.jsonl", "event")
+
+
+def test_a_service_that_never_beats_after_registering_is_restarted_after_the_start_timeout(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    monkeypatch.setenv("SPREEZE_TEST_BUILD_SECONDS", "30")
+    cfg = run_config(tmp_path, "supervisor.start_timeout=3", "supervisor.max_restarts=0")
+    rc, sup = run_supervisor(cfg, [ServiceSpec("idle-0", "idle", "tests.idle_service")])
+    assert rc == 1 and sup.failure is not None
+    assert "idle-0 keeps failing (sent no heartbeat within 3s of its start)" in sup.failure
+
+
 def test_time_limit_stops_a_run(tmp_path: Path) -> None:
     rc, sup = run_supervisor(run_config(tmp_path, "time_limit=0.3"), [])
     assert rc == 0 and sup.stop_reason == "time limit of 0s reached"

@@ -15,9 +15,8 @@ from common.config import TCP_OFFSETS, TCP_PORT_ORDER
 from common.errors import ConfigError
 from common.transport import bind_address
 from services.supervisor.endpoints import tcp_table
-from tests.helpers import config
+from tests.helpers import config, free_port_base
 from tests.test_integration import best_eval, records, train
-from tests.test_remote_sampler import free_port_base
 
 
 def test_every_socket_is_named_by_its_binder_and_numbered_from_tcp_port(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ import json
 import multiprocessing as mp
 import os
 import shutil
+import socket
 import stat
 import time
 from collections.abc import Iterator
@@ -26,7 +27,9 @@ import zmq.asyncio
 
 from proto.codec import PROTOCOL_VERSION, Encoder, decode
 from common.errors import ConfigError, TransportTimeout
-from common.transport import IPC_PATH_MAX, ROLES, Channel, check_endpoint, ipc_endpoint, make_ipc_dir
+from common.transport import (
+    IPC_PATH_MAX, ROLES, Channel, check_endpoint, ephemeral_ports, in_use_hint, ipc_endpoint, make_ipc_dir,
+)
 from proto.messages import (
     Control, ControlReply, Error, Experience, Heartbeat, SampledBatch, SampleRequest,
     TransitionLayout, from_envelope,
@@ -387,6 +390,25 @@ def test_channel_rejects_a_too_long_ipc_path(ipc_dir: str) -> None:
         with pytest.raises(ConfigError, match="ipc"):
             Channel(ctx, "experience", f"ipc://{ipc_dir}/{'x' * 200}", binding=True, encoder=Encoder("r"))
     finally:
+        ctx.destroy(linger=0)
+
+
+@pytest.mark.timeout(10)
+def test_a_taken_port_is_a_config_error_and_an_ephemeral_one_says_why_it_may_be_taken() -> None:
+    low, high = ephemeral_ports()
+    ctx = zmq.asyncio.Context()
+    taken = socket.socket()
+    try:
+        taken.bind(("127.0.0.1", 0))  # the kernel picks from its ephemeral range, as for a source port
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert low <= port <= high
+        with pytest.raises(ConfigError, match=f"cannot bind weights socket to 'tcp://127.0.0.1:{port}'.*"
+                                              f"ephemeral range {low}-{high}.*use ports below {low}"):
+            Channel(ctx, "weights", f"tcp://127.0.0.1:{port}", binding=True, encoder=Encoder("a"))
+        assert in_use_hint(f"tcp://127.0.0.1:{low - 1}") == "" and in_use_hint("ipc:///tmp/x") == ""
+    finally:
+        taken.close()
         ctx.destroy(linger=0)
 
 

@@ -189,6 +189,7 @@ class Supervisor:
         cpus = self.cores.get(child.spec.service_id, self.cores.get("", frozenset()))
         child.proc = spawn(child.spec, self.endpoints["control"], self.run_dir / "logs", extra, cpus)
         child.started, child.registered, child.state, child.restart_at = time.monotonic(), False, "starting", 0.0
+        child.last_heartbeat = 0.0
         log.info("started %s (pid %d)", child.spec.service_id, child.proc.pid)
         self.write_roster()
 
@@ -253,7 +254,7 @@ class Supervisor:
         if child is None:
             await self.admit(peer, sid, msg)
             return
-        child.registered, child.last_heartbeat, child.state = True, time.monotonic(), "running"
+        child.registered, child.state = True, "registered"  # running from its first heartbeat on
         self.write_roster()
         await self.send_welcome(peer, sid, child.spec.role, self.endpoints)
 
@@ -340,9 +341,11 @@ class Supervisor:
             return
         if not child.alive:
             self.crashed(child, f"exited with code {child.proc.returncode}")  # type: ignore[union-attr]
-        elif not child.registered and now - child.started > self.cfg.supervisor.start_timeout:
-            self.crashed(child, f"did not register within {self.cfg.supervisor.start_timeout:.0f}s")
-        elif child.registered and now - child.last_heartbeat > silence:
+        elif not child.last_heartbeat:  # still coming up: registering, then building itself (imports, networks)
+            if now - child.started > self.cfg.supervisor.start_timeout:
+                done = "sent no heartbeat" if child.registered else "did not register"
+                self.crashed(child, f"{done} within {self.cfg.supervisor.start_timeout:.0f}s of its start")
+        elif now - child.last_heartbeat > silence:
             self.crashed(child, f"sent no heartbeat for {silence:.1f}s")
 
     async def ping_all(self) -> None:

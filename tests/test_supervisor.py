@@ -19,8 +19,9 @@ from common.config import Config
 from common.transport import Channel
 from proto.messages import EvalResult, Event, Metrics
 from services.supervisor.main import Supervisor
-from services.supervisor.processes import OBSERVER_NICE, Child, RestartPolicy, ServiceSpec, roster, spawn
+from services.supervisor.processes import OBSERVER_NICE, Child, RestartPolicy, ServiceSpec, roster, service, spawn
 from services.supervisor.progress import Progress
+from services.supervisor.samplers import SamplerPool
 from tests.helpers import config
 
 pytestmark = pytest.mark.timeout(10)
@@ -219,6 +220,21 @@ def test_a_service_that_never_beats_after_registering_is_restarted_after_the_sta
     rc, sup = run_supervisor(cfg, [ServiceSpec("idle-0", "idle", "tests.idle_service")])
     assert rc == 1 and sup.failure is not None
     assert "idle-0 keeps failing (sent no heartbeat within 3s of its start)" in sup.failure
+
+
+def test_the_sampler_pool_adds_under_fresh_ids_and_retires_the_newest_but_never_the_last() -> None:
+    children = {sid: Child(service("sampler", sid), started=t) for sid, t in (("sampler-0", 1.0), ("sampler-1", 2.0))}
+    started, told = [], []
+    pool = SamplerPool(children, started.append, lambda sid, cmd: told.append((sid, cmd)), 2, grace=20.0)
+    gone = pool.retire()
+    assert gone is not None and gone.spec.service_id == "sampler-1" and gone.state == "leaving"
+    assert list(children) == ["sampler-0"] and pool.leaving() == [gone]
+    assert told == []  # it never registered: nobody to tell
+    assert pool.retire() is None and list(children) == ["sampler-0"]  # the last one stays
+    added = pool.add()
+    assert added.spec.service_id == "sampler-2" and started == [added] and children["sampler-2"] is added
+    pool.reap(0.0)
+    assert pool.leaving() == []  # not alive: forgotten
 
 
 def test_time_limit_stops_a_run(tmp_path: Path) -> None:

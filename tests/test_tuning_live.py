@@ -101,7 +101,7 @@ async def drive(sup: Supervisor, seen: dict[str, Any]) -> None:
     await until(lambda: child.proc is not None and child.proc.poll() is not None, "sampler-1 exit", 30)
     seen["retired_rc"] = child.proc.returncode  # type: ignore[union-attr]
     await asyncio.sleep(1.0)  # the watch loop must not restart it
-    assert "sampler-1" not in sup.children and not sup.retiring
+    assert "sampler-1" not in sup.children and not sup.samplers.retiring
 
 
 def test_a_sampler_joining_late_gets_the_runs_config(tmp_path: Path) -> None:

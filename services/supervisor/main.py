@@ -44,9 +44,9 @@ from services.supervisor.endpoints import run_endpoints
 from services.supervisor.externals import External, Externals
 from services.supervisor.ledger import Ledger
 from services.supervisor.probe import Choice, cpu_seconds, host_cpu
-from services.supervisor.processes import (Child, RestartPolicy, ServiceSpec, core_sets, roster, service, spawn,
-                                           terminate)
+from services.supervisor.processes import Child, RestartPolicy, ServiceSpec, core_sets, roster, spawn, terminate
 from services.supervisor.progress import Progress
+from services.supervisor.samplers import SamplerPool
 from services.supervisor.tuner import Setting
 from services.supervisor.tuning import Sample, TuningLoop
 
@@ -86,8 +86,7 @@ class Supervisor:
         self.done = asyncio.Event()
         self.encoder = Encoder("supervisor")
         self.next_request = 0
-        self.retiring: list[tuple[Child, float]] = []  # samplers told to leave, with their exit deadline
-        self.next_sampler = cfg.sampler.num_samplers  # index of the next sampler started at runtime
+        self.samplers = SamplerPool(self.children, self.start, self.tell, cfg.sampler.num_samplers, STOP_GRACE)
         self.last_ping = 0.0  # monotonic time of the last ping round
         self.ledger = Ledger()
 
@@ -325,7 +324,7 @@ class Supervisor:
             now = time.monotonic()
             for child in self.children.values():
                 self.check(child, now, silence)
-            self.reap_retired(now)
+            self.samplers.reap(now)
             if not self.done.is_set():
                 self.check_externals(now, silence)
             if self.cfg.time_limit and self.progress.elapsed >= self.cfg.time_limit:
@@ -418,44 +417,16 @@ class Supervisor:
         if new.envs != old.envs:
             self.set_all((SAMPLER,), "envs_per_sampler", new.envs)
         for _ in range(new.samplers - old.samplers):
-            self.add_sampler()
+            self.samplers.add()
         for _ in range(old.samplers - new.samplers):
-            self.retire_sampler()
+            self.samplers.retire()
+        if new.samplers < old.samplers:
+            self.write_roster()
 
     def set_all(self, roles: tuple[str, ...], key: str, value: Any) -> None:
         for child in list(self.children.values()):
             if child.spec.role in roles and child.registered and child.alive:
                 self.tell(child.spec.service_id, "set", key, value)
-
-    def add_sampler(self) -> Child:
-        """Start one more sampler process (a fresh id: a leaving one may still hold its old id)."""
-        sid = f"{SAMPLER}-{self.next_sampler}"
-        self.next_sampler += 1
-        child = self.children[sid] = Child(service(SAMPLER, sid))
-        self.start(child)
-        return child
-
-    def retire_sampler(self) -> Child | None:
-        """Tell the most recently started sampler to leave (it flushes its pushes and exits);
-        it is not restarted."""
-        samplers = [c for c in self.children.values() if c.spec.role == SAMPLER]
-        if len(samplers) <= 1:
-            return None
-        child = max(samplers, key=lambda c: c.started)
-        del self.children[child.spec.service_id]
-        child.restart_at, child.state = 0.0, "leaving"
-        self.retiring.append((child, time.monotonic() + STOP_GRACE))
-        if child.alive and child.registered:
-            self.tell(child.spec.service_id, "shutdown")
-        self.write_roster()
-        return child
-
-    def reap_retired(self, now: float) -> None:
-        """Forget samplers that left; kill one that outstays its grace period."""
-        for child, deadline in self.retiring:
-            if child.alive and now > deadline:
-                terminate([child], timeout=1.0)
-        self.retiring = [(c, d) for c, d in self.retiring if c.alive]
 
     # ------------------------------------------------------------------ shutdown
     async def shutdown(self) -> None:
@@ -466,7 +437,7 @@ class Supervisor:
         for ext in self.externals.live((REPLAY,)):
             self.tell(ext.service_id, "set", "drain", True)
         first = [c for c in self.children.values() if c.spec.role not in LAST_TO_STOP]
-        first += [c for c, _ in self.retiring]
+        first += self.samplers.leaving()
         last = [c for c in self.children.values() if c.spec.role in LAST_TO_STOP]
         outside = [e for e in self.externals.live() if e.role not in LAST_TO_STOP]
         for group, externals in ((first, outside), (last, self.externals.live(LAST_TO_STOP))):

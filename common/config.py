@@ -7,6 +7,7 @@ prints. `load_config` validates everything at start and names the bad key and va
 from __future__ import annotations
 
 import dataclasses
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,7 @@ TCP_PORT_ORDER = ("control", "metrics_in", "experience", "actor_weights",
                   "metrics_out", "sample", "actor_sync", "critic_sync")
 TCP_OFFSETS = {name: i for i, name in enumerate(TCP_PORT_ORDER[:4])}
 TRANSPORTS = ("ipc", "tcp")
+FLOAT_LITERAL = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")  # 3e-4, 1.5, .5, 2E3
 MAX_PREFETCH = min(r.hwm for r in ROLES["sample"])  # replies beyond the sample sockets' HWM: the ROUTER drops them
 MAX_ACK_WINDOW = min(r.hwm for r in ROLES["experience"]) // 2  # a window plus its re-sent copy always fit the HWM
 
@@ -341,6 +343,8 @@ def _coerce(hint: Any, value: Any, key: str) -> Any:
         return None if value is None else _coerce(args[0], value, key)
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if hint is float and isinstance(value, str) and FLOAT_LITERAL.fullmatch(value.strip()):
+        return float(value)  # YAML 1.1 reads 3e-4 (no dot) as a string; users write it so
     if hint in (int, float, str, bool) and (type(value) is not hint):
         raise ConfigError(f"{key}={value!r} must be of type {hint.__name__}")
     return value

@@ -34,7 +34,14 @@ def test_type_coercion(tmp_path: Path) -> None:
     cfg = load_config(None, ["replay.tolerance=1", "time_limit=5"])
     assert cfg.replay.tolerance == 1.0 and type(cfg.replay.tolerance) is float
     assert type(cfg.time_limit) is float
+    lrs = load_config(None, ["td3.actor_lr=3e-4", "sac.critic_lr=2E-3", "td3.critic_lr=.5"])
+    assert (lrs.td3.actor_lr, lrs.sac.critic_lr, lrs.td3.critic_lr) == (3e-4, 2e-3, 0.5)  # YAML reads 3e-4 as text
+    path = tmp_path / "lr.yaml"
+    path.write_text("td3:\n  actor_lr: 3e-4\n")
+    assert load_config(path, []).td3.actor_lr == 3e-4
     for override, named in [("learner.batch_size=big", "learner.batch_size='big'"),
+                            ("td3.actor_lr=3e-4x", "td3.actor_lr='3e-4x'"),
+                            ("td3.actor_lr=inf", "td3.actor_lr='inf'"),
                             ("learner.batch_size=2.5", "learner.batch_size=2.5"),
                             ("seed=true", "seed=True"),
                             ("env=3", "env=3"),

@@ -116,7 +116,8 @@ def tcp_port(endpoint: str) -> int:
 def ephemeral_ports() -> tuple[int, int]:
     """The range the kernel takes outgoing connections' source ports from (Linux; its default elsewhere)."""
     try:
-        low, high = open("/proc/sys/net/ipv4/ip_local_port_range").read().split()
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:  # closed at once: no leaked handle
+            low, high = f.read().split()
         return int(low), int(high)
     except (OSError, ValueError):
         return 32768, 60999

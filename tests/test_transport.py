@@ -26,6 +26,7 @@ import zmq
 import zmq.asyncio
 
 from proto.codec import PROTOCOL_VERSION, Encoder, decode
+from common.config import MAX_PREFETCH
 from common.errors import ConfigError, TransportTimeout
 from common.transport import (
     IPC_PATH_MAX, ROLES, Channel, check_endpoint, ephemeral_ports, in_use_hint, ipc_endpoint, make_ipc_dir,
@@ -52,15 +53,20 @@ async def _sample_client(endpoint: str, n: int) -> None:
     ctx = zmq.asyncio.Context()
     ch = Channel(ctx, "sample", endpoint, binding=False, encoder=Encoder("learner-1"))
     try:
-        for i in range(n):
+        # pipelined like a learner, never more in flight than the sockets queue (MAX_PREFETCH):
+        # beyond the HWM the server's ROUTER drops replies
+        window = MAX_PREFETCH
+        for i in range(min(n, window)):
             await ch.send(SampleRequest(request_id=i, batch_size=8 + i))
         seen = set()
-        for _ in range(n):
+        for k in range(n):
             _, msg = await ch.recv(timeout=CHILD_TIMEOUT)
             assert isinstance(msg, SampledBatch), msg
             assert msg.transitions.shape == (8 + msg.request_id, WIDTH)
             assert (msg.transitions == msg.request_id).all()
             seen.add(msg.request_id)
+            if k + window < n:  # a reply freed a slot: keep the window full
+                await ch.send(SampleRequest(request_id=k + window, batch_size=8 + k + window))
         assert seen == set(range(n)), seen
         await ch.send(Control("shutdown", request_id=n))
         _, reply = await ch.recv(timeout=CHILD_TIMEOUT)

@@ -56,8 +56,12 @@ async def _sample_client(endpoint: str, n: int) -> None:
         # pipelined like a learner, never more in flight than the sockets queue (MAX_PREFETCH):
         # beyond the HWM the server's ROUTER drops replies
         window = MAX_PREFETCH
+
+        def request(i: int) -> SampleRequest:  # batch i has 8 + i rows, every value i
+            return SampleRequest(request_id=i, batch_size=8 + i)
+
         for i in range(min(n, window)):
-            await ch.send(SampleRequest(request_id=i, batch_size=8 + i))
+            await ch.send(request(i))
         seen = set()
         for k in range(n):
             _, msg = await ch.recv(timeout=CHILD_TIMEOUT)
@@ -66,7 +70,7 @@ async def _sample_client(endpoint: str, n: int) -> None:
             assert (msg.transitions == msg.request_id).all()
             seen.add(msg.request_id)
             if k + window < n:  # a reply freed a slot: keep the window full
-                await ch.send(SampleRequest(request_id=k + window, batch_size=8 + k + window))
+                await ch.send(request(k + window))
         assert seen == set(range(n)), seen
         await ch.send(Control("shutdown", request_id=n))
         _, reply = await ch.recv(timeout=CHILD_TIMEOUT)

@@ -30,7 +30,7 @@ TCP_PORT_ORDER = ("control", "metrics_in", "experience", "actor_weights",
 TCP_OFFSETS = {name: i for i, name in enumerate(TCP_PORT_ORDER[:4])}
 TRANSPORTS = ("ipc", "tcp")
 FLOAT_LITERAL = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")  # 3e-4, 1.5, .5, 2E3
-MAX_PREFETCH = min(r.hwm for r in ROLES["sample"])  # replies beyond the sample sockets' HWM: the ROUTER drops them
+MAX_PREFETCH = min(r.hwm for r in ROLES["sample"])  # replies beyond the sample sockets' HWM would stall replay
 MAX_ACK_WINDOW = min(r.hwm for r in ROLES["experience"]) // 2  # a window plus its re-sent copy always fit the HWM
 
 
@@ -91,7 +91,7 @@ class LearnerConfig:
         _choice(self, "mode", ("fused", "split"))
         _positive(self, "batch_size", "prefetch", "batches_per_request", "sync_every", "max_lag", "threads",
                   "checkpoint_every_s")
-        if self.prefetch > MAX_PREFETCH:  # more replies than the sample sockets queue: ROUTER drops them
+        if self.prefetch > MAX_PREFETCH:  # more replies than the sample sockets queue: replay waits on them
             raise ConfigError(f"learner.prefetch={self.prefetch!r} must be <= {MAX_PREFETCH} "
                               "(the sample socket's high-water mark)")
         _non_negative(self, "publish_interval")

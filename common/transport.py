@@ -8,6 +8,7 @@ per role, deliberately (see ROLES). Hot paths drain every queued message per wak
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import logging
 import os
@@ -30,7 +31,14 @@ from proto.messages import Error, Message, from_envelope, to_frames
 
 log = logging.getLogger(__name__)
 
+
+class PeerGone(Exception):
+    """No peer with this routing id is connected to the ROUTER (internal to Channel)."""
+
 IPC_PATH_MAX = 107  # sun_path is 108 bytes on Linux, one for the NUL
+# How long an awaited send to a ROUTER peer waits for room in that peer's queue before
+# dropping the message (the peer is alive but not reading: a stuck or flooding client).
+ROUTED_SEND_PATIENCE_S = 2.0
 
 # Seconds this process spent in transport: encoding, decoding and the socket calls
 # themselves, not the time spent waiting for a peer or a high-water mark. Services report
@@ -188,6 +196,11 @@ class Channel:
             self.sock.setsockopt(zmq.XPUB_VERBOSE, 1)  # every (re)join is seen: last-value cache
         if spec.kind == zmq.ROUTER:
             self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted peer takes over its identity
+            # Without this a ROUTER silently drops a message whenever its pipe to the peer looks
+            # full, and under CPU load libzmq (4.3) does that with one message in flight: a lost
+            # sample reply stalled a learner for good. With it, a full pipe is EAGAIN (send waits,
+            # send_nowait says False) and a gone peer EHOSTUNREACH (the message is dropped).
+            self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         if spec.kind == zmq.SUB:
             self.sock.setsockopt(zmq.SUBSCRIBE, b"")
         if curve is not None:
@@ -202,28 +215,61 @@ class Channel:
                                   f"{each!r}: {exc}{hint}") from None
 
     # ------------------------------------------------------------------ sending
-    async def send(self, msg: Message, to: bytes | None = None) -> None:
+    async def send(self, msg: Message, to: bytes | None = None) -> bool:
+        """Send, waiting while the socket (or a ROUTER's pipe to peer `to`) is full.
+
+        False when a ROUTER dropped it: the peer is gone, or stayed full for
+        ROUTED_SEND_PATIENCE_S (then a warning is logged)."""
         t0 = time.perf_counter()
         frames = to_frames(msg, self.encoder)
-        if to is not None:
-            frames.insert(0, to)
-        sent = self.sock.send_multipart(frames, copy=False)  # sends now unless it would block
-        _account(t0)
-        await sent
+        if to is None:
+            sent = self.sock.send_multipart(frames, copy=False)  # sends now unless it would block
+            _account(t0)
+            await sent
+            return True
+        frames.insert(0, to)
+        deadline, pause = time.monotonic() + ROUTED_SEND_PATIENCE_S, 0.0005
+        try:
+            while not self._send_routed(frames):
+                if time.monotonic() >= deadline:
+                    log.warning("%s: dropped a %s for routing id %r: its queue stayed full for %.1fs",
+                                self.role, msg.TYPE, to, ROUTED_SEND_PATIENCE_S)
+                    return False
+                await asyncio.sleep(pause)  # the peer's pipe frees up as its I/O thread drains it
+                pause = min(2 * pause, 0.05)
+            return True
+        except PeerGone:
+            return False
+        finally:
+            _account(t0)
 
     def send_nowait(self, msg: Message, to: bytes | None = None) -> bool:
-        """Send unless the socket would block; False when it would (PUB drops instead)."""
+        """Send unless the socket would block; False when it would (PUB drops instead) or
+        when a ROUTER's peer `to` is gone."""
         t0 = time.perf_counter()
         frames = to_frames(msg, self.encoder)
-        if to is not None:
-            frames.insert(0, to)
+        try:
+            if to is not None:
+                return self._send_routed([to, *frames])
+            self.now.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+            return True
+        except (zmq.Again, PeerGone):
+            return False
+        finally:
+            _account(t0)
+
+    def _send_routed(self, frames: list[Any]) -> bool:
+        """One non-blocking ROUTER send: True if queued, False if the peer's pipe is full;
+        raises PeerGone when no peer has that routing id."""
         try:
             self.now.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
             return True
         except zmq.Again:
             return False
-        finally:
-            _account(t0)
+        except zmq.ZMQError as exc:
+            if exc.errno == zmq.EHOSTUNREACH:
+                raise PeerGone(frames[0]) from None
+            raise
 
     # ---------------------------------------------------------------- receiving
     async def recv(self, timeout: float | None = None) -> tuple[bytes | None, Message]:

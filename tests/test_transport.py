@@ -54,7 +54,7 @@ async def _sample_client(endpoint: str, n: int) -> None:
     ch = Channel(ctx, "sample", endpoint, binding=False, encoder=Encoder("learner-1"))
     try:
         # pipelined like a learner, never more in flight than the sockets queue (MAX_PREFETCH):
-        # beyond the HWM the server's ROUTER drops replies
+        # beyond the HWM the server would wait on this client's pipe
         window = MAX_PREFETCH
 
         def request(i: int) -> SampleRequest:  # batch i has 8 + i rows, every value i
@@ -190,9 +190,11 @@ def test_request_reply_between_processes(kind: str, ipc_dir: str) -> None:
     async def main() -> None:
         ctx = zmq.asyncio.Context()
         server = Channel(ctx, "sample", endpoint_for(kind, ipc_dir), binding=True, encoder=Encoder("replay"))
-        proc = start(run_sample_client, bound(server), 20)
+        # hundreds of round trips: enough that under CPU load a ROUTER that dropped replies would
+        # lose one (libzmq does, with one in flight, unless ROUTER_MANDATORY)
+        proc = start(run_sample_client, bound(server), 400)
         try:
-            assert await _serve_samples(server, proc) == 20
+            assert await _serve_samples(server, proc) == 400
             assert await join(proc) == 0
             assert not server.errors
         finally:
@@ -359,6 +361,50 @@ def test_send_nowait_reports_a_full_queue(ipc_dir: str) -> None:
             results = [push.send_nowait(Heartbeat("s", "running")) for _ in range(10)]
             assert results[0] is True
             assert results[-1] is False, results
+        finally:
+            ctx.destroy(linger=0)
+    asyncio.run(main())
+
+
+@pytest.mark.timeout(30)
+def test_a_router_never_drops_a_reply_silently() -> None:
+    """A ROUTER's pipe to a peer that does not read fills up: send_nowait says so, an awaited
+    send waits for room (then gives up, saying so), and every reply reported sent arrives.
+    A peer that is gone: both say False and nothing raises."""
+    async def main() -> None:
+        ctx = zmq.asyncio.Context()
+        server = Channel(ctx, "sample", "inproc://router-full", binding=True, encoder=Encoder("replay"))
+        client = Channel(ctx, "sample", "inproc://router-full", binding=False, encoder=Encoder("learner-1"))
+        try:
+            await client.send(SampleRequest(request_id=1, batch_size=1))
+            peer, _ = await server.recv(timeout=5)
+            assert peer is not None
+
+            def reply(i: int) -> SampledBatch:
+                return SampledBatch(i, np.full((1, WIDTH), i, np.float32), OBS, ACT)
+
+            queued = 0
+            while server.send_nowait(reply(queued), to=peer):
+                queued += 1
+                assert queued < 1000, "the pipe never filled"
+            waiting = asyncio.ensure_future(server.send(reply(queued), to=peer))
+            await asyncio.sleep(0.2)
+            assert not waiting.done()  # full: waits instead of dropping
+            got = [(await client.recv(timeout=5))[1] for _ in range(queued)]
+            assert await asyncio.wait_for(waiting, 5) is True  # reading made room: sent
+            got.append((await client.recv(timeout=5))[1])
+            assert [m.request_id for m in got] == list(range(queued + 1))  # type: ignore[attr-defined]
+            with pytest.raises(TransportTimeout):
+                await client.recv(timeout=0.2)
+
+            while server.send_nowait(reply(0), to=peer):  # full again; nobody reads now
+                pass
+            t0 = time.monotonic()
+            assert await server.send(reply(0), to=peer) is False  # waited its patience, then dropped
+            assert time.monotonic() - t0 >= 1.0
+
+            assert server.send_nowait(reply(0), to=b"nobody") is False
+            assert await server.send(reply(0), to=b"nobody") is False
         finally:
             ctx.destroy(linger=0)
     asyncio.run(main())

@@ -31,10 +31,6 @@ from proto.messages import Error, Message, from_envelope, to_frames
 
 log = logging.getLogger(__name__)
 
-
-class PeerGone(Exception):
-    """No peer with this routing id is connected to the ROUTER (internal to Channel)."""
-
 IPC_PATH_MAX = 107  # sun_path is 108 bytes on Linux, one for the NUL
 # How long an awaited send to a ROUTER peer waits for room in that peer's queue before
 # dropping the message (the peer is alive but not reading: a stuck or flooding client).
@@ -84,6 +80,10 @@ ROLES: dict[str, tuple[Role, Role]] = {
     # Health: one ping, one reply (`spreeze health`); nothing worth keeping after a close.
     "health": (Role(zmq.ROUTER, True, 16, 0), Role(zmq.DEALER, False, 16, 0)),
 }
+
+
+class _PeerGone(Exception):
+    """No peer with this routing id is connected to the ROUTER (internal to Channel)."""
 
 
 def make_ipc_dir(prefix: str = "spz-") -> str:
@@ -228,20 +228,23 @@ class Channel:
             await sent
             return True
         frames.insert(0, to)
+        _account(t0)
         deadline, pause = time.monotonic() + ROUTED_SEND_PATIENCE_S, 0.0005
-        try:
-            while not self._send_routed(frames):
-                if time.monotonic() >= deadline:
-                    log.warning("%s: dropped a %s for routing id %r: its queue stayed full for %.1fs",
-                                self.role, msg.TYPE, to, ROUTED_SEND_PATIENCE_S)
-                    return False
-                await asyncio.sleep(pause)  # the peer's pipe frees up as its I/O thread drains it
-                pause = min(2 * pause, 0.05)
-            return True
-        except PeerGone:
-            return False
-        finally:
-            _account(t0)
+        while True:
+            t0 = time.perf_counter()
+            try:
+                if self._send_routed(frames):
+                    return True
+            except _PeerGone:
+                return False
+            finally:
+                _account(t0)  # the socket call, not the wait for room
+            if time.monotonic() >= deadline:
+                log.warning("%s: dropped a %s for routing id %r: its queue stayed full for %.1fs",
+                            self.role, msg.TYPE, to, ROUTED_SEND_PATIENCE_S)
+                return False
+            await asyncio.sleep(pause)  # the peer's pipe frees up as its I/O thread drains it
+            pause = min(2 * pause, 0.05)
 
     def send_nowait(self, msg: Message, to: bytes | None = None) -> bool:
         """Send unless the socket would block; False when it would (PUB drops instead) or
@@ -253,14 +256,14 @@ class Channel:
                 return self._send_routed([to, *frames])
             self.now.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
             return True
-        except (zmq.Again, PeerGone):
+        except (zmq.Again, _PeerGone):
             return False
         finally:
             _account(t0)
 
     def _send_routed(self, frames: list[Any]) -> bool:
         """One non-blocking ROUTER send: True if queued, False if the peer's pipe is full;
-        raises PeerGone when no peer has that routing id."""
+        raises _PeerGone when no peer has that routing id."""
         try:
             self.now.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
             return True
@@ -268,7 +271,7 @@ class Channel:
             return False
         except zmq.ZMQError as exc:
             if exc.errno == zmq.EHOSTUNREACH:
-                raise PeerGone(frames[0]) from None
+                raise _PeerGone(frames[0]) from None
             raise
 
     # ---------------------------------------------------------------- receiving

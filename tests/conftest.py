@@ -1,11 +1,15 @@
-"""Process-wide state a test may leave behind, put back after each test."""
+"""Shared fixtures: a private ipc:// socket directory, and process-wide state a test may
+leave behind, put back after each test."""
 
 from __future__ import annotations
 
+import shutil
 import sys
 from collections.abc import Iterator
 
 import pytest
+
+from common.transport import make_ipc_dir
 
 
 @pytest.fixture(autouse=True)
@@ -18,3 +22,11 @@ def _guards_back_on() -> Iterator[None]:
     if "torch" in sys.modules:  # never import torch for a test that did not
         from common.algorithms.compiled import check_guards
         check_guards(True)
+
+
+@pytest.fixture
+def ipc_dir() -> Iterator[str]:
+    """A private, short directory for a test's ipc:// sockets, removed afterwards."""
+    d = make_ipc_dir("spzt-")
+    yield d
+    shutil.rmtree(d, ignore_errors=True)

@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+import glob
 import importlib.util
 import json
+import multiprocessing as mp
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -172,3 +175,34 @@ def test_bench_learning_reruns_replace_their_runs_and_other_settings_get_their_o
     assert len([p for p in tmp_path.iterdir() if p.is_dir()]) == 2
     assert learning([*tiny, "td3.tau=7"]) == 1  # a run that fails is an error line and status 1, no traceback
     assert "spreeze bench learning: error: seed 0 failed" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ bench transport
+
+@pytest.mark.timeout(60)
+def test_bench_transport_smoke(tmp_path: Any) -> None:
+    from bench.transport import run
+    out = tmp_path / "bench.json"
+    before = set(glob.glob("/tmp/spzb-*"))
+    result = run(batch_sizes=(64,), seconds=0.2, repeats=1, json_path=str(out))
+    assert set(glob.glob("/tmp/spzb-*")) <= before  # its ipc directory is gone
+    (row,) = result["results"]
+    assert row["batch"] == 64 and row["codec_tps"] > 0 and row["bare_tps"] > 0 and row["ratio"] > 0
+    assert json.loads(out.read_text())["results"][0]["batch"] == 64
+    assert not mp.get_context("spawn").active_children() and not mp.active_children()
+
+
+@pytest.mark.timeout(60)
+def test_bench_cleans_up_after_a_dead_child() -> None:
+    from bench.transport import _one, _Pair
+    pair = _Pair()
+    try:
+        pair.start()
+        pair.procs[0].kill()  # the receiver dies
+        pair.procs[0].join(5)
+        with pytest.raises(RuntimeError, match="gone|died"):
+            _one(pair, "codec", 64, 0.1, 0.1)
+    finally:
+        pair.close()
+    assert not any(p.is_alive() for p in pair.procs)
+    assert not os.path.exists(pair.dir)

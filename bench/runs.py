@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import signal
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+STOP_TIMEOUT_S = 60.0  # a terminated run's supervisor stops its services within this, or it is killed
 
 # The score each task counts as learned within 100k env steps (deterministic evaluation).
 THRESHOLDS = {"HalfCheetah-v5": 3000.0, "Hopper-v5": 1000.0, "Walker2d-v5": 1000.0, "Ant-v5": 1000.0}
@@ -45,15 +48,51 @@ def run_seed(env: str, algo: str, seed: int, total_steps: int, run_dir: Path,
     """
     cmd = train_command(env, algo, seed, total_steps, run_dir, config, overrides, network)
     t0 = time.time()
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    returncode, stderr = run_to_end(cmd)
     wall = time.time() - t0
-    if proc.returncode != 0:
-        raise RuntimeError(f"seed {seed} failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    if returncode != 0:
+        raise RuntimeError(f"seed {seed} failed ({returncode}): {stderr[-2000:]}")
     evals, started = read_evals(run_dir)
     for e in evals:  # seconds since the command was typed, start-up included
         e["since_command"] = started - t0 + e["wall_time"]
     return {"seed": seed, "run_dir": str(run_dir), "command_wall_s": wall, "start_s": started - t0,
             "evals": evals}
+
+
+class Terminated(SystemExit):
+    """SIGTERM arrived while a run was training (exit status 128 + 15, as the signal's)."""
+
+    def __init__(self) -> None:
+        super().__init__(128 + signal.SIGTERM)
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
+def run_to_end(cmd: list[str]) -> tuple[int, str]:
+    """Run a `spreeze train` command to its end: (exit status, stderr).
+
+    Stopped early (Ctrl-C, or SIGTERM to this process alone, as from ``kill`` or a job
+    scheduler), it stops the run first: SIGTERM to the training command, whose supervisor
+    then stops its services, a kill after ``STOP_TIMEOUT_S``; then the interruption goes on
+    up. Without this a terminated benchmark would leave its run training on, orphaned.
+    """
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+            try:
+                _, stderr = proc.communicate()
+            except BaseException:
+                proc.terminate()
+                try:
+                    proc.communicate(timeout=STOP_TIMEOUT_S)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                raise
+            return proc.returncode, stderr
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:

@@ -8,6 +8,10 @@ import importlib.util
 import json
 import multiprocessing as mp
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -175,6 +179,61 @@ def test_bench_learning_reruns_replace_their_runs_and_other_settings_get_their_o
     assert len([p for p in tmp_path.iterdir() if p.is_dir()]) == 2
     assert learning([*tiny, "td3.tau=7"]) == 1  # a run that fails is an error line and status 1, no traceback
     assert "spreeze bench learning: error: seed 0 failed" in capsys.readouterr().err
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every process below ``pid`` (Linux /proc)."""
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        for task in glob.glob(f"/proc/{todo.pop()}/task/*/children"):
+            try:
+                kids = {int(k) for k in Path(task).read_text().split()}
+            except OSError:  # the task ended meanwhile
+                continue
+            todo += kids - found
+            found |= kids
+    return found
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie waiting to be reaped."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.timeout(180)
+def test_a_terminated_benchmark_stops_its_training_run_first(tmp_path: Path) -> None:
+    """SIGTERM to `spreeze bench learning` alone (as `kill PID` sends it): the training run
+    and its services stop with it instead of training on, orphaned."""
+    cmd = [sys.executable, "-m", "cli", "bench", "learning", "--env", "Pendulum-v1", "--threshold", "-1600",
+           "--seeds", "0", "--total-steps", "1000000", "--out", str(tmp_path), "replay.min_size=500",
+           "sampler.warmup_steps=500", "eval.every_updates=300", "eval.episodes=1", "learner.compile=false"]
+    bench = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parents[1], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    tree: set[int] = set()
+    try:
+        deadline = time.monotonic() + 120
+        while not any('"kind": "eval"' in f.read_text() for f in tmp_path.glob("*/s0/metrics.jsonl")):
+            assert bench.poll() is None, bench.communicate()
+            assert time.monotonic() < deadline, "the run never evaluated"
+            time.sleep(0.5)
+        tree = _descendants(bench.pid)
+        assert len(tree) >= 5  # the train command, its supervisor's services
+        bench.send_signal(signal.SIGTERM)
+        status = bench.wait(timeout=90)
+        deadline = time.monotonic() + 10
+        while any(_alive(p) for p in tree) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [p for p in tree if _alive(p)], "the training run outlived its benchmark"
+        assert status == 128 + signal.SIGTERM
+    finally:
+        for p in [bench.pid, *tree]:
+            if _alive(p):
+                os.kill(p, signal.SIGKILL)
+        bench.communicate()
 
 
 # ------------------------------------------------------------------ bench transport

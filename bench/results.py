@@ -52,7 +52,8 @@ from typing import Any, cast
 import torch
 import yaml
 
-from bench.runs import THRESHOLDS, first_reaching, median_reached, read_metrics, run_seed, settings_key
+from bench.runs import (THRESHOLDS, Terminated, first_reaching, median_reached, read_metrics, run_seed,
+                        settings_key)
 from common.algorithms import ALGOS
 from common.algorithms.build import make_parts
 from common.config import Config, from_dict, load_config
@@ -272,7 +273,8 @@ def section(meta: Record, records: list[Record], planned: int) -> str:
     rows = summarize(records)
     start, end = markers(meta["key"])
     m = meta["machine"]
-    done = f"{len(records)}/{planned} runs done" + ("" if len(records) == planned else " (in progress)")
+    status = "" if len(records) == planned else " (stopped)" if meta.get("stopped") else " (in progress)"
+    done = f"{len(records)}/{planned} runs done{status}"
     failed = [f"{r['variant']} seed {r['seed']}" for r in records if "error" in r]
     title = (f"## {' '.join(meta['algos'])}: {', '.join(meta['modes'])} on {meta['env']} "
              f"({meta['total_steps']:,} steps, seeds {' '.join(map(str, meta['seeds']))})")
@@ -464,10 +466,16 @@ def main(argv: list[str] | None = None) -> int:
             "json": str(md.with_suffix(".json")), "curves": str(md.parent / "curves" / args.env / key)}
     runs = [(v, seed) for v in plan for seed in args.seeds]
     records: list[Record] = []
-    for i, (variant, seed) in enumerate(runs, 1):
-        records.append(train_one(args, variant, seed, Path(meta["runs_dir"])))
-        print(describe(i, len(runs), variant, records[-1]), flush=True)
+    try:
+        for i, (variant, seed) in enumerate(runs, 1):
+            records.append(train_one(args, variant, seed, Path(meta["runs_dir"])))
+            print(describe(i, len(runs), variant, records[-1]), flush=True)
+            write_results(md, meta, records, len(runs))
+    except (KeyboardInterrupt, Terminated):  # Ctrl-C or SIGTERM: the section says so, runs done stay
+        meta["stopped"] = True
         write_results(md, meta, records, len(runs))
+        print(f"stopped after {len(records)}/{len(runs)} runs; results: {md} (section {key})", flush=True)
+        raise
     if any("error" not in r for r in records):
         print("learning curves: " + ", ".join(map(str, draw_curves(records, Path(meta["curves"])))))
     for line in (match_line(summarize(records), algo) for algo in args.algos):

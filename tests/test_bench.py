@@ -162,12 +162,15 @@ def test_bench_remote_tiny_run(capsys: pytest.CaptureFixture[str]) -> None:
     assert "1.00 of ipc" in out
 
 
+TINY_PENDULUM = ["replay.min_size=500", "sampler.warmup_steps=500", "eval.every_updates=300", "eval.episodes=1",
+                 "learner.compile=false"]
+
+
 def test_bench_learning_reruns_replace_their_runs_and_other_settings_get_their_own(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from bench.learning import main as learning
     tiny = ["--env", "Pendulum-v1", "--threshold", "-1600", "--seeds", "0", "--total-steps", "1200",
-            "--out", str(tmp_path), "replay.min_size=500", "sampler.warmup_steps=500", "eval.every_updates=300",
-            "eval.episodes=1", "learner.compile=false"]
+            "--out", str(tmp_path), *TINY_PENDULUM]
     assert learning(tiny) == 0
     (first,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     assert (first / "s0" / "metrics.jsonl").exists() and first.with_suffix(".json").exists()
@@ -204,19 +207,22 @@ def _alive(pid: int) -> bool:
         return False
 
 
-@pytest.mark.timeout(180)
-def test_a_terminated_benchmark_stops_its_training_run_first(tmp_path: Path) -> None:
-    """SIGTERM to `spreeze bench learning` alone (as `kill PID` sends it): the training run
-    and its services stop with it instead of training on, orphaned."""
-    cmd = [sys.executable, "-m", "cli", "bench", "learning", "--env", "Pendulum-v1", "--threshold", "-1600",
-           "--seeds", "0", "--total-steps", "1000000", "--out", str(tmp_path), "replay.min_size=500",
-           "sampler.warmup_steps=500", "eval.every_updates=300", "eval.episodes=1", "learner.compile=false"]
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("command", [["bench", "learning", "--threshold", "-1600"], ["results", "--modes", "dense"]])
+def test_a_terminated_benchmark_stops_its_training_run_first(tmp_path: Path, command: list[str]) -> None:
+    """SIGTERM to `spreeze bench learning` or `spreeze results` alone (as `kill PID` sends
+    it): the training run and its services stop with it instead of training on, orphaned;
+    `results` marks its section stopped."""
+    md = tmp_path / "Pendulum-v1.md"
+    where = ["--out", str(tmp_path)] if command[0] == "bench" else ["--out", str(md), "--runs-dir", str(tmp_path)]
+    cmd = [sys.executable, "-m", "cli", *command, "--env", "Pendulum-v1", "--seeds", "0", "--total-steps", "1000000",
+           *where, *TINY_PENDULUM]
     bench = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parents[1], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
     tree: set[int] = set()
     try:
         deadline = time.monotonic() + 120
-        while not any('"kind": "eval"' in f.read_text() for f in tmp_path.glob("*/s0/metrics.jsonl")):
+        while not any('"kind": "eval"' in f.read_text() for f in tmp_path.glob("**/metrics.jsonl")):
             assert bench.poll() is None, bench.communicate()
             assert time.monotonic() < deadline, "the run never evaluated"
             time.sleep(0.5)
@@ -229,6 +235,8 @@ def test_a_terminated_benchmark_stops_its_training_run_first(tmp_path: Path) -> 
             time.sleep(0.2)
         assert not [p for p in tree if _alive(p)], "the training run outlived its benchmark"
         assert status == 128 + signal.SIGTERM
+        if command[0] == "results":
+            assert "0/1 runs done (stopped)" in md.read_text()
     finally:
         for p in [bench.pid, *tree]:
             if _alive(p):

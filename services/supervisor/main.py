@@ -54,6 +54,7 @@ log = logging.getLogger(__name__)
 
 WATCH_EVERY = 0.2  # seconds between liveness checks
 STOP_GRACE = 20.0  # seconds a service has to exit after a shutdown command
+GOODBYE_GRACE = 1.0  # seconds for the control loop to take the goodbyes of services that exited cleanly
 LAST_TO_STOP = (EVALUATOR, REPLAY, VISUALIZER)  # the final evaluation reaches disk and dashboard
 PROXY_HWM = 10_000  # metrics messages queued in the proxy before it drops (PUB semantics)
 BUS_WAIT = 5.0  # seconds to wait for the metrics bus to carry a first record before publishing the plan
@@ -449,6 +450,7 @@ class Supervisor:
                 self.tell(ext.service_id, "shutdown")
             await self._wait_exit(group, externals, STOP_GRACE)
             terminate(group, timeout=5.0)
+        await self._take_goodbyes(GOODBYE_GRACE)
         await self._drain_metrics(0.5)
         self.write_roster()
         self.account()
@@ -473,6 +475,18 @@ class Supervisor:
                     or any(e.live and now - e.last_heartbeat < quiet for e in externals))
         while waiting() and time.monotonic() < deadline:
             await self._drain_metrics(0.1)
+
+    async def _take_goodbyes(self, timeout: float) -> None:
+        """Until every child that exited by itself (code 0) has had its last heartbeat, state
+        `stopped`, taken by the control loop (or the timeout): it is sent just before the exit
+        and may still be queued when the exit is seen."""
+        deadline = time.monotonic() + timeout
+
+        def pending() -> bool:
+            return any(c.registered and c.proc is not None and c.proc.poll() == 0 and c.state != "stopped"
+                       for c in self.children.values())
+        while pending() and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)  # the control loop runs meanwhile
 
     async def _drain_metrics(self, seconds: float) -> None:
         try:

@@ -20,6 +20,7 @@ import pytest
 from bench.system import BenchFailed, rate
 from cli.main import main as cli
 from tests.helpers import needs_cxx
+from tests.test_integration import pid_alive
 
 
 def test_rate_excludes_start_up_and_the_shutdown() -> None:
@@ -199,14 +200,6 @@ def _descendants(pid: int) -> set[int]:
     return found
 
 
-def _alive(pid: int) -> bool:
-    """Running, not a zombie waiting to be reaped."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("command", [["bench", "learning", "--threshold", "-1600"], ["results", "--modes", "dense"]])
 def test_a_terminated_benchmark_stops_its_training_run_first(tmp_path: Path, command: list[str]) -> None:
@@ -231,15 +224,15 @@ def test_a_terminated_benchmark_stops_its_training_run_first(tmp_path: Path, com
         bench.send_signal(signal.SIGTERM)
         status = bench.wait(timeout=90)
         deadline = time.monotonic() + 10
-        while any(_alive(p) for p in tree) and time.monotonic() < deadline:
+        while any(pid_alive(p) for p in tree) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert not [p for p in tree if _alive(p)], "the training run outlived its benchmark"
+        assert not [p for p in tree if pid_alive(p)], "the training run outlived its benchmark"
         assert status == 128 + signal.SIGTERM
         if command[0] == "results":
             assert "0/1 runs done (stopped)" in md.read_text()
     finally:
         for p in [bench.pid, *tree]:
-            if _alive(p):
+            if pid_alive(p):
                 os.kill(p, signal.SIGKILL)
         bench.communicate()
 

@@ -9,6 +9,7 @@ so truncated episodes are bootstrapped.
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import sys
 from dataclasses import dataclass
@@ -19,6 +20,8 @@ import numpy as np
 from common.errors import ConfigError
 from proto.messages import TransitionLayout
 
+
+log = logging.getLogger(__name__)
 
 GL_OFF = "disable"  # MuJoCo's own MUJOCO_GL value for "no GL": its import then loads no GL library
 
@@ -52,10 +55,30 @@ def import_mujoco_without_gl() -> None:
             os.environ["MUJOCO_GL"] = saved
 
 
+# MuJoCo 3.3+ deprecates the `settotalmass` compiler attribute that gymnasium's own
+# HalfCheetah model file uses, and prints so on every load of it: a warning about a file
+# the user cannot change, dropped by the handler below (every other MuJoCo warning is logged).
+DROPPED_MUJOCO_WARNINGS = ("compiler attribute 'settotalmass' is deprecated",)
+
+
+def _mujoco_warning(message: str) -> None:
+    if not message.startswith(DROPPED_MUJOCO_WARNINGS):
+        log.warning("MuJoCo: %s", message)
+
+
+def route_mujoco_warnings() -> None:
+    """Send MuJoCo's C-level warnings (printed to stdout by default) to this module's logger,
+    without the deprecation of gymnasium's own model files (DROPPED_MUJOCO_WARNINGS)."""
+    import mujoco
+    if mujoco.get_mju_user_warning() is not _mujoco_warning:
+        mujoco.set_mju_user_warning(_mujoco_warning)
+
+
 def make_env(env_id: str, seed: int | None = None, **kwargs: object) -> gym.Env:
     """gym.make with a clear error for unknown ids and non-continuous action spaces."""
     if is_mujoco(env_id):
         import_mujoco_without_gl()
+        route_mujoco_warnings()
     try:
         env = gym.make(env_id, **kwargs)
     except gym.error.Error as exc:

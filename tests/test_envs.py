@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -96,3 +99,23 @@ def test_termination_is_done_with_the_terminal_obs() -> None:
             assert abs(cols["obs"][t + 1, 1]) <= 0.01  # reset state, not the fallen one
         start = t + 1
     envs.close()
+
+
+def test_making_halfcheetah_prints_no_mujoco_deprecation() -> None:
+    """gymnasium's HalfCheetah model uses `settotalmass`, which MuJoCo 3.3+ warns about on
+    stdout at every load: a fresh process making it twice prints nothing of it."""
+    code = ("from common.envs import make_env\n"
+            "make_env('HalfCheetah-v5').close(); make_env('HalfCheetah-v5').close()\n"
+            "import mujoco; from common.envs import _mujoco_warning\n"
+            "assert mujoco.get_mju_user_warning() is _mujoco_warning\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "settotalmass" not in done.stdout + done.stderr
+
+
+def test_other_mujoco_warnings_reach_the_log(caplog: pytest.LogCaptureFixture) -> None:
+    from common.envs import _mujoco_warning
+    with caplog.at_level("WARNING", logger="common.envs"):
+        _mujoco_warning("compiler attribute 'settotalmass' is deprecated and will be removed")
+        _mujoco_warning("Nan, Inf or huge value in QACC at DOF 0")
+    assert [r.getMessage() for r in caplog.records] == ["MuJoCo: Nan, Inf or huge value in QACC at DOF 0"]

@@ -26,7 +26,9 @@ class BatchStream:
 
     Each request asks for `per_request` batches at once (one message, one gather in
     replay, one device copy); they are yielded one by one. Uniform sampling with
-    replacement makes the slices of one big sample independent batches.
+    replacement makes the slices of one big sample independent batches. Replies are sliced
+    into batches of the *current* `batch_size` as they are used, so after a change every
+    batch has the new size (a reply's rest smaller than a batch is dropped: a sample, not data).
     On CPU the tensor is a view of the received frame (no copy); on CUDA one pinned
     host-to-device copy per request, then the columns are views of the device matrix.
     When replay restarts (the socket reconnects) the requests it held are gone: ask again.
@@ -38,8 +40,8 @@ class BatchStream:
         self.batch_size, self.prefetch, self.per_request = batch_size, prefetch, per_request
         self.next_id = 0
         self.in_flight = 0
-        self.ready: deque[Batch] = deque()  # batches of the newest reply not yet used
-        self.asked: dict[int, tuple[int, int]] = {}  # (rows, batches) per request in flight (both may change)
+        self.ready: deque[torch.Tensor] = deque()  # rows of replies not yet used
+        self.asked: dict[int, int] = {}  # rows asked for per request in flight
         self.inserted = 0  # env steps replay had seen at the newest batch
         self.wait_s = 0.0  # time spent waiting for batches (transport + rate limiting)
         channel.watch_connects()
@@ -50,15 +52,15 @@ class BatchStream:
             self.asked.clear()
         while self.in_flight < self.prefetch:
             self.next_id += 1
-            self.asked[self.next_id] = (self.batch_size * self.per_request, self.per_request)
+            self.asked[self.next_id] = self.batch_size * self.per_request
             await self.channel.send(SampleRequest(self.next_id, self.batch_size * self.per_request))
             self.in_flight += 1
 
     async def next(self, stop: asyncio.Event) -> Batch | None:
         """Next batch, or None once `stop` is set."""
         await asyncio.sleep(0)  # a ready socket never yields: let heartbeats and control run
-        if self.ready:
-            return self.ready.popleft()
+        if (batch := self.take()) is not None:
+            return batch
         await self.request()
         t0 = time.perf_counter()
         try:
@@ -73,24 +75,35 @@ class BatchStream:
                 if isinstance(msg, SampledBatch):
                     self.in_flight = max(0, self.in_flight - 1)
                     self.inserted = msg.inserted
-                    self.ready.extend(self.to_batches(msg))
-                    if self.ready:
-                        return self.ready.popleft()
+                    if (rows := self.to_rows(msg)) is not None:
+                        self.ready.append(rows)
+                    if (batch := self.take()) is not None:
+                        return batch
             return None
         finally:
             self.wait_s += time.perf_counter() - t0
 
-    def to_batches(self, msg: SampledBatch) -> list[Batch]:
+    def take(self) -> Batch | None:
+        """The next `batch_size` rows of the replies received, as columns (None: none left)."""
+        while self.ready:
+            rows = self.ready.popleft()
+            if len(rows) < self.batch_size:
+                continue  # the rest of a reply asked for at another batch size
+            if len(rows) > self.batch_size:
+                self.ready.appendleft(rows[self.batch_size:])
+            return self.layout.columns(rows[:self.batch_size])  # type: ignore[return-value]
+        return None
+
+    def to_rows(self, msg: SampledBatch) -> torch.Tensor | None:
         m = torch.from_numpy(msg.transitions)
-        asked, parts = self.asked.pop(msg.request_id, (None, 1))
+        asked = self.asked.pop(msg.request_id, None)
         if asked is None:
-            return []  # a reply to a request made before replay restarted: asked again since
+            return None  # a reply to a request made before replay restarted: asked again since
         if len(m) != asked:
             raise PeerError(f"replay answered request {msg.request_id} with {len(m)} rows, expected {asked}")
         if self.device.type != "cpu":
             m = m.pin_memory().to(self.device, non_blocking=True)
-        return [self.layout.columns(part)  # type: ignore[misc]
-                for part in m.split(asked // parts)]
+        return m
 
 
 def atomic_save(obj: Any, path: str | Path) -> None:

@@ -172,6 +172,29 @@ def test_checkpoint_load_keeps_compiled_step() -> None:
     assert _compiles(actor, critic) == [1, 1]
 
 
+@pytest.mark.parametrize("algo", ["td3", "sac"])
+def test_compiled_shadows_take_over_eager_parts_mid_run(algo: str) -> None:
+    """What a learner does on its first compile: fresh parts compile while the live ones
+    update eagerly, then load the live state and train on, as the eager parts would have."""
+    live, reference = _parts(algo), _parts(algo)
+    shadows = _parts(algo, compiled=True)
+    batches = _batches()
+    for part in shadows:
+        part.fast.warm_up(batches[0])
+    for i in range(7):  # an odd count: TD3's policy delay is mid-cycle at the hand-over
+        fused_step(*live, batches[i % len(batches)])
+        fused_step(*reference, batches[i % len(batches)])
+    for shadow, part in zip(shadows, live):
+        shadow.load(part.save())
+    for i in range(UPDATES):
+        m_ref = fused_step(*reference, batches[i % len(batches)])
+        m_fast = fused_step(*shadows, batches[i % len(batches)])
+    assert m_fast.keys() == m_ref.keys()
+    _assert_close(_tensors(*reference), _tensors(*shadows))
+    assert [p.updates for p in shadows] == [p.updates for p in reference]
+    assert _compiles(*shadows) == [1, 1]
+
+
 def test_compile_disabled_keeps_eager_update() -> None:
     actor, critic = _parts("td3")
     actor.compile(CompileOptions(enabled=False))

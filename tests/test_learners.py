@@ -13,6 +13,8 @@ import pytest
 import torch
 import zmq
 
+
+from common.errors import ConfigError
 from common.learner_io import atomic_save, checkpoint_dir
 from common.numpy_policy import NumpyActor
 from common.weights import WeightsFollower, WeightsPublisher, dense_message
@@ -210,8 +212,6 @@ def test_batch_stream_takes_several_batches_per_request(tmp_path: Path) -> None:
 
 
 def test_batches_per_request_must_fit_in_replay(tmp_path: Path) -> None:
-    from common.errors import ConfigError
-
     with pytest.raises(ConfigError, match="batches_per_request"):
         config(tmp_path, "replay.capacity=1000", "replay.min_size=100", "learner.batch_size=256",
                "learner.batches_per_request=4")
@@ -242,7 +242,7 @@ def test_a_restarted_critic_learner_continues_from_its_checkpoint(tmp_path: Path
 @needs_cxx
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("mode", ["fused", "split"])
-def test_learners_compile_during_warm_up_then_update_compiled(tmp_path: Path, mode: str) -> None:
+def test_learners_update_eagerly_while_compiling_then_switch_to_compiled(tmp_path: Path, mode: str) -> None:
     overrides = ["learner.compile=true", "learner.compile_cache=run", "td3.hidden=[8,8]",
                  *(SPLIT if mode == "split" else ["replay.update_to_data=0"])]
 
@@ -253,22 +253,31 @@ def test_learners_compile_during_warm_up_then_update_compiled(tmp_path: Path, mo
             learners = [h.build(cls) for cls in roles]
             for lrn in learners:
                 h.start(lrn.serve())
-            await until(lambda: all(getattr(lrn, "fast", None) for lrn in learners), timeout=60,
-                        what="compiled steps built")
             counted = (lambda lrn: lrn.actor.updates) if mode == "fused" else (
                 lambda lrn: (lrn.critic if hasattr(lrn, "critic") else lrn.actor).updates)
-            await until(lambda: all(counted(lrn) >= 6 for lrn in learners), timeout=200,
+            await until(lambda: all(counted(lrn) >= 3 for lrn in learners), timeout=60, what="eager updates")
+            assert all(lrn.compiling is not None and not lrn.fast for lrn in learners)  # a cold compile runs
+            live = [lrn.trained() for lrn in learners]
+            await until(lambda: all(lrn.fast for lrn in learners), timeout=200, what="compiled steps in use")
+            for lrn, before in zip(learners, live):
+                assert lrn.compiling is None and all(a is not b for a, b in zip(lrn.trained(), before))
+                assert all(part.fast is not None for part in lrn.trained())
+                assert all(part.updates >= old.updates for part, old in zip(lrn.trained(), before))
+                m = lrn.compile_metrics(time.monotonic(), counted(lrn))
+                assert m["compiling"] == 0.0 and m["compile_s"] > 0 and m["compiles"] == len(lrn.fast)
+                assert lrn.recorded_compile_s() is not None  # the next run on this cache expects it
+            done = [counted(lrn) for lrn in learners]
+            await until(lambda: all(counted(lrn) >= n + 6 for lrn, n in zip(learners, done)), timeout=60,
                         what="compiled updates")
-            for lrn in learners:
-                assert lrn.compiling is None and lrn.settled
-                m = lrn.compile_metrics()
-                assert m["compile_s"] > 0 and m["compiles"] == len(lrn.fast)  # one graph per step
-            if mode == "fused":  # a new batch size compiles off the event loop, then takes over
+            if mode == "fused":  # a new batch size compiles in the background, then takes over
                 (lrn,) = learners
                 lrn.set_param("batch_size", 16)
-                assert lrn.batches.batch_size == 32 and not lrn.settled
+                assert lrn.batches.batch_size == 32 and lrn.compiling is not None
+                with pytest.raises(ConfigError, match="still compiling"):
+                    lrn.set_param("batch_size", 8)
                 await until(lambda: lrn.batches.batch_size == 16, timeout=120, what="batch size 16")
-                done = counted(lrn)
-                await until(lambda: counted(lrn) >= done + 4, timeout=30, what="updates at batch 16")
-                assert lrn.compile_metrics()["compiles"] == 2 * len(lrn.fast)
+                done16 = counted(lrn)
+                assert done16 > done[0] + 6  # it went on updating (eagerly) at 32 meanwhile
+                await until(lambda: counted(lrn) >= done16 + 4, timeout=30, what="updates at batch 16")
+                assert lrn.compile_metrics(time.monotonic(), counted(lrn))["compiles"] == len(lrn.fast)
     run(body(), timeout=230)

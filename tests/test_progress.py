@@ -144,3 +144,16 @@ def test_line_shows_compile_seconds_of_the_slowest_learner(tmp_path: Path) -> No
     head, compiled = p.line().split(" | compiled ")
     assert DENSE_LINE.match(head) and compiled == "12s"
     p.close()
+
+
+def test_line_says_compiling_while_a_learner_compiles_then_the_gain(tmp_path: Path) -> None:
+    p = progress(tmp_path)
+    p.take(Metrics("critic_learner", {"updates": 200, "update_frame_rate": 6400.0, "compiling": 1.0,
+                                      "compile_cold": 1.0, "compile_expected_s": 30.0, "compile_elapsed_s": 12.3}))
+    p.take(Metrics("actor_learner", {"updates": 100, "compiling": 1.0, "compile_cold": 0.0,
+                                     "compile_expected_s": 4.0, "compile_elapsed_s": 2.0}))
+    assert p.line().endswith(" | compiling (cold, ~30s) 12s")
+    p.take(Metrics("critic_learner", {"updates": 400, "compiling": 0.0, "compile_s": 31.0, "compile_gain": 2.14}))
+    p.take(Metrics("actor_learner", {"updates": 200, "compiling": 0.0, "compile_s": 5.0, "compile_gain": 1.8}))
+    assert p.line().endswith(" | compiled 31s, 1.8x eager")
+    p.close()

@@ -13,6 +13,7 @@ from typing import Any
 
 import zmq
 
+from common.algorithms.base import ActorPart, CriticPart
 from common.config import to_dict
 from common.weights import WeightsFollower, WeightsPublisher, to_state
 from services.learner.base import LOSS_EVERY, LearnerBase
@@ -31,6 +32,15 @@ class ActorLearner(LearnerBase):
     def counters(self) -> dict[str, Any]:
         return {"updates": self.actor.updates}
 
+    def trained(self) -> tuple[ActorPart]:
+        return (self.actor,)
+
+    def fresh_parts(self) -> tuple[ActorPart]:
+        return (self.parts(shared=False)[0],)
+
+    def train_with(self, parts: tuple[ActorPart | CriticPart, ...]) -> None:
+        (self.actor,) = parts  # type: ignore[assignment]
+
     async def serve(self) -> None:
         lc = self.cfg.learner
         if (saved := self.restored()) is not None:
@@ -40,7 +50,7 @@ class ActorLearner(LearnerBase):
         critics = WeightsFollower(self.channel("weights", binding=False, name="critic_sync"))
         self.send_sync(to_critic)
         self.publish_actor(to_samplers, self.actor)
-        self.start_compile(self.actor)
+        self.start_compile()
         last_publish = time.monotonic()
         while self.running:
             newest = critics.poll().get("critic")
@@ -50,10 +60,10 @@ class ActorLearner(LearnerBase):
             if self.critic_updates < (self.actor.updates + 1) * self.actor.policy_delay:
                 await critics.channel.sock.poll(WAIT_MS, zmq.POLLIN)
                 continue
+            self.swap_compiled()  # before the batch: it has the size the steps are compiled for
             batch = await self.batches.next(self.stopping)
             if batch is None:
                 break
-            await self.until_compiled()
             want = self.actor.updates % LOSS_EVERY == 0
             metrics = self.actor.update(batch, want_metrics=want)
             if want:

@@ -11,6 +11,7 @@ from typing import Any
 
 import zmq
 
+from common.algorithms.base import ActorPart, CriticPart
 from common.config import to_dict
 from common.weights import WeightsFollower, WeightsPublisher, to_state, weights_message
 from services.learner.base import LOSS_EVERY, LearnerBase
@@ -33,6 +34,15 @@ class CriticLearner(LearnerBase):
     def counters(self) -> dict[str, Any]:
         return {"updates": self.critic.updates}
 
+    def trained(self) -> tuple[CriticPart]:
+        return (self.critic,)
+
+    def fresh_parts(self) -> tuple[CriticPart]:
+        return (self.parts(shared=False)[1],)
+
+    def train_with(self, parts: tuple[ActorPart | CriticPart, ...]) -> None:
+        (self.critic,) = parts  # type: ignore[assignment]
+
     async def serve(self) -> None:
         lc = self.cfg.learner
         if (saved := self.restored()) is not None:
@@ -43,7 +53,7 @@ class CriticLearner(LearnerBase):
         actors = WeightsFollower(self.channel("weights", binding=False, name="actor_sync"))
         latest: dict[str, Weights] = {}
         self.send_sync(to_actor)
-        self.start_compile(self.critic)
+        self.start_compile()
         while self.running:
             newest = actors.poll()
             if newest:
@@ -52,10 +62,10 @@ class CriticLearner(LearnerBase):
             if self.critic.updates - self.actor_seen > lc.max_lag:
                 await actors.channel.sock.poll(WAIT_MS, zmq.POLLIN)
                 continue
+            self.swap_compiled()  # before the batch: it has the size the steps are compiled for
             batch = await self.batches.next(self.stopping)
             if batch is None:
                 break
-            await self.until_compiled()
             want = self.critic.updates % LOSS_EVERY == 0
             metrics = self.critic.update(batch, want_metrics=want)
             if want:
@@ -74,8 +84,6 @@ class CriticLearner(LearnerBase):
 
     def send_sync(self, pub: WeightsPublisher) -> None:
         """The critics to the actor-learner (masked weights sparse where that is smaller)."""
-        if not self.settled:
-            return  # the initial sync happened before the compile; updates wait for it
         sparse = self.critic.sparse.names if self.critic.sparse is not None else None
         pub.publish(weights_message("critic", self.critic.updates, self.critic.updates,
                                     self.critic.critic_state(), sparse))

@@ -5,17 +5,25 @@ update counters, weight versions) into checkpoints/<role>.pt every checkpoint_ev
 and on shutdown (SIGTERM included), and restores it at start when it exists: after a
 crash the supervisor's restart continues from there, and so does `spreeze train --resume`.
 
-With `learner.compile` (the default) each part's update is a compiled step
-(common/algorithms/steps.py). It compiles in a worker thread on dummy batches as soon as
-the parts exist, while replay still fills with random warm-up steps and the learner has
-nothing else to do; the event loop keeps heartbeating meanwhile, and the first update waits
-for it. Compiled kernels are cached on disk (`learner.compile_cache`), so a second run
-compiles in a fraction of the time. `compile_s` and `compiles` go out with the metrics.
+With `learner.compile` (the default) each part's update becomes a compiled step
+(common/algorithms/steps.py) without a pause: the steps are compiled in a worker thread on
+fresh copies of the parts (the shadows), on dummy batches, while the live parts go on
+updating eagerly; once the compile is done, the live state (weights, targets, optimizer
+moments, noise generators, masks, counters) is loaded into the shadows, which train from
+then on. A new batch size from the tuner compiles the same way. A compile that fails (no
+C++ compiler, an unsupported op) leaves the eager updates in place. Compiled kernels are
+cached on disk (`learner.compile_cache`, a per-user directory by default), so a second run
+on the machine compiles in a fraction of the time; the cache also remembers how long each
+network's compile took, which the progress line shows as the expected wait. The metrics
+carry `compiling` (1 while a compile runs), `compile_expected_s`, `compile_s`, `compiles`
+and, once the compiled steps have run a while, `compile_gain` (compiled over eager updates/s).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import logging
 import time
 from pathlib import Path
@@ -41,6 +49,9 @@ log = logging.getLogger(__name__)
 
 METRICS_EVERY = 1.0  # seconds between metrics messages
 LOSS_EVERY = 50  # updates between loss read-outs (each forces a device sync)
+COLD_COMPILE_S = 30.0  # the expected first compile of a network on a small CPU machine, before one is measured
+GAIN_AFTER_S = 5.0  # seconds of compiled updates before their rate is compared with the eager one
+TIMES_FILE = "spreeze-compile-times.json"  # in the compile cache: seconds each network's compile took
 
 
 class LearnerBase(Service):
@@ -63,9 +74,16 @@ class LearnerBase(Service):
         self.tasks: list[asyncio.Task[Any]] = []
         self.ready = False  # restored from the run's checkpoint (if any): only then may close() checkpoint
         self.fast: list[Any] = []  # the compiled steps of the parts this learner trains
-        self.compiled_parts: tuple[ActorPart | CriticPart, ...] = ()
-        self.compiling: asyncio.Task[float] | None = None  # a compile in a worker thread
+        self.compiling: asyncio.Task[float] | None = None  # a compile of `shadows` in a worker thread
+        self.shadows: tuple[ActorPart | CriticPart, ...] = ()  # the parts it compiles
         self.compiling_for = lc.batch_size  # the batch size it compiles for
+        self.compile_expected: float = 0.0  # seconds the running compile is expected to take
+        self.compile_cold = True  # the running compile's network was never compiled with this cache
+        self.compile_times: Path | None = None  # the cache's record of compile seconds per network
+        self.eager_hz = 0.0  # eager updates/s while the first compile ran (0: not measured)
+        self.compile_started: tuple[float, int] = (0.0, 0)  # (time, updates) when the running compile began
+        self.gain_from: tuple[float, int] | None = None  # (time, updates) at the swap to compiled steps
+        self.compile_gain: float | None = None  # compiled over eager updates/s, once measured
 
     def device_name(self) -> str:
         """This learner's torch device (the fused learner and the actor-learner: the actor's)."""
@@ -77,62 +95,135 @@ class LearnerBase(Service):
                           self.action_high, self.cfg.algo_config, self.device, shared, self.cfg.seed,
                           sparse=self.cfg.sparse, total_updates=self.cfg.total_updates)
 
-    def start_compile(self, *parts: ActorPart | CriticPart) -> None:
-        """Switch ``parts`` to compiled steps and compile them in a worker thread on dummy
-        batches of the configured size (no state changes); `until_compiled` awaits it."""
+    def trained(self) -> tuple[ActorPart | CriticPart, ...]:
+        """The parts this learner updates, in `fresh_parts`' order."""
+        raise NotImplementedError
+
+    def fresh_parts(self) -> tuple[ActorPart | CriticPart, ...]:
+        """Newly built parts of the same shape as `trained` (the shadows a compile works on)."""
+        raise NotImplementedError
+
+    def train_with(self, parts: tuple[ActorPart | CriticPart, ...]) -> None:
+        """Update ``parts`` (which hold the live state) from now on instead of `trained`."""
+        raise NotImplementedError
+
+    def start_compile(self) -> None:
+        """Compile the update steps in the background (see the module's doc); the live parts
+        keep updating eagerly, and `swap_compiled` switches to the compiled ones when done."""
         lc = self.cfg.learner
-        options = CompileOptions(lc.compile, lc.cuda_graphs)
-        if not options.enabled:
+        if not lc.compile:
             return
         cache = use_compile_cache(compile_cache_dir(lc.compile_cache, self.cfg.run_dir))
-        self.compiled_parts = parts
-        for part in parts:
-            part.compile(options)
-        self.fast = [part.fast for part in parts]
-        log.info("compiling the update steps (cache %s)", cache)
-        self.warm_up(lc.batch_size)
+        self.compile_times = cache / TIMES_FILE
+        log.info("compiling the update steps in the background (cache %s); updating eagerly meanwhile", cache)
+        self.compile_for(lc.batch_size)
 
-    def warm_up(self, batch_size: int) -> None:
-        """Compile the steps for ``batch_size`` in a worker thread on a dummy batch;
-        `until_compiled` awaits it, then makes ``batch_size`` the one requested from replay."""
+    def compile_for(self, batch_size: int) -> None:
+        """Compile shadows of the trained parts for ``batch_size`` in a worker thread."""
+        lc = self.cfg.learner
+        options = CompileOptions(lc.compile, lc.cuda_graphs)
+        shadows = self.fresh_parts()  # built here: seeding them touches the global RNG
         dummy = self.layout.columns(torch.randn((batch_size, self.layout.width), device=self.device))
-        steps = list(self.fast)
-        check_guards(True)  # the new graphs are made with guards; off again once they are done
-        self.compiling = asyncio.create_task(asyncio.to_thread(
-            lambda: sum(fast.warm_up(dummy) for fast in steps)))
-        self.compiling_for = batch_size
 
-    async def until_compiled(self) -> None:
-        """Wait for a compile started by `warm_up` (at once if none or done). If it failed
-        (no C++ compiler, an unsupported op), the parts fall back to eager updates."""
-        if self.compiling is None:
+        def work() -> float:
+            for part in shadows:
+                part.compile(options)
+            return sum(part.fast.warm_up(dummy) for part in shadows)
+
+        # No compiled step may run while dynamo compiles in the worker thread (with guards
+        # off, a call then fails as a recompile): the live parts update eagerly meanwhile,
+        # on the same tensors (their optimizer owns the compiled step's Adam state).
+        for part in self.trained():
+            part.fast = None
+        self.fast = []
+        check_guards(True)  # the new graphs are made with guards; off again once they are in use
+        self.shadows, self.compiling_for = shadows, batch_size
+        recorded = self.recorded_compile_s()
+        self.compile_cold, self.compile_expected = recorded is None, recorded or COLD_COMPILE_S
+        self.compiling = asyncio.create_task(asyncio.to_thread(work))
+        self.compile_started = (time.monotonic(), self.updates_done())
+
+    def swap_compiled(self) -> None:
+        """Before taking each batch: once a background compile is done, load the live state into
+        the compiled shadows and train those from now on (or, if it failed, go on eagerly)."""
+        task = self.compiling
+        if task is None or not task.done():
+            return
+        self.compiling, shadows, self.shadows = None, self.shadows, ()
+        try:
+            seconds = task.result()
+        except Exception as exc:  # noqa: BLE001 - any compiler failure: train eagerly instead
+            log.warning("compiling the update steps failed, updating eagerly: %s: %s", type(exc).__name__, exc)
+            return
+        for live, shadow in zip(self.trained(), shadows):
+            shadow.load(live.save())  # rebinds the compiled step's optimizer state too
+        self.train_with(shadows)
+        self.fast = [part.fast for part in shadows]
+        check_guards(False)
+        self.batches.batch_size = self.compiling_for
+        self.record_compile_s(seconds)
+        now, updates = time.monotonic(), self.updates_done()
+        started, updates0 = self.compile_started
+        if not self.eager_hz and now > started:
+            self.eager_hz = (updates - updates0) / (now - started)
+        self.gain_from = (now, updates)
+        log.info("update steps compiled for batch size %d in %.1f s (%d eager updates meanwhile); "
+                 "the compiled steps take over", self.compiling_for, seconds, updates - updates0)
+
+    def updates_done(self) -> int:
+        """This learner's update count (what its metrics call `updates`)."""
+        return int(self.counters()["updates"])
+
+    def compile_key(self) -> str:
+        """What a compiled step depends on: algorithm, its and the sparse settings, sizes, device, role."""
+        what = [self.ROLE, self.cfg.algo, repr(self.cfg.algo_config), repr(self.cfg.sparse), self.layout.obs_dim,
+                self.layout.act_dim, self.compiling_for, self.device.type, torch.__version__]
+        return hashlib.sha256(json.dumps(what, default=str).encode()).hexdigest()[:16]
+
+    def recorded_compile_s(self) -> float | None:
+        """Seconds this network's compile took last time on this machine (None: never compiled)."""
+        try:
+            times = json.loads(self.compile_times.read_text()) if self.compile_times else {}
+            return float(times[self.compile_key()])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def record_compile_s(self, seconds: float) -> None:
+        if self.compile_times is None:
             return
         try:
-            seconds = await self.compiling
-            log.info("update steps compiled for batch size %d in %.1f s", self.compiling_for, seconds)
-            check_guards(False)
-        except Exception as exc:  # noqa: BLE001 - any compiler failure: train eagerly instead
-            log.warning("compiling the update steps failed, updating eagerly: %s: %s",
-                        type(exc).__name__, exc)
-            for part in self.compiled_parts:
-                part.fast = None
-            self.fast = []
-        finally:
-            self.compiling = None
-        self.batches.batch_size = self.compiling_for
+            times = json.loads(self.compile_times.read_text()) if self.compile_times.exists() else {}
+            if not isinstance(times, dict):
+                times = {}
+        except (OSError, ValueError):
+            times = {}
+        times[self.compile_key()] = round(seconds, 2)
+        try:
+            tmp = self.compile_times.with_suffix(f".{self.ROLE}.tmp")
+            tmp.write_text(json.dumps(times))
+            tmp.replace(self.compile_times)
+        except OSError as exc:
+            log.info("could not record the compile time in %s: %s", self.compile_times, exc)
 
-    @property
-    def settled(self) -> bool:
-        """False while the warm-up compile runs: it moves the trained weights (and puts them
-        back), so nothing may read them for publishing or checkpoints until it is done."""
-        return self.compiling is None or self.compiling.done()
-
-    def compile_metrics(self) -> dict[str, float]:
-        """Seconds spent compiling (and capturing) the steps, and graphs compiled so far."""
-        if not self.fast:
-            return {}
-        return {"compile_s": sum(f.step.compile_s for f in self.fast),
-                "compiles": float(sum(f.step.compiles for f in self.fast))}
+    def compile_metrics(self, now: float, updates: int) -> dict[str, float]:
+        """Whether a compile runs (and how long it should take), the seconds spent compiling
+        (and capturing) the steps in use, their graph count, and what they gained over eager."""
+        out: dict[str, float] = {}
+        if self.compiling is not None:
+            out.update(compiling=1.0, compile_cold=float(self.compile_cold), compile_expected_s=self.compile_expected,
+                       compile_elapsed_s=now - self.compile_started[0])
+        elif self.cfg.learner.compile:
+            out["compiling"] = 0.0
+        if self.fast:
+            out.update(compile_s=sum(f.step.compile_s for f in self.fast),
+                       compiles=float(sum(f.step.compiles for f in self.fast)))
+        if self.gain_from is not None and self.eager_hz > 0 and now - self.gain_from[0] >= GAIN_AFTER_S:
+            t0, u0 = self.gain_from
+            self.compile_gain, self.gain_from = (updates - u0) / (now - t0) / self.eager_hz, None
+            log.info("compiled steps: %.2fx the eager updates/s", self.compile_gain)
+        if self.compile_gain is not None:
+            out["compile_gain"] = self.compile_gain
+        return out
 
     def publisher(self, endpoint_name: str) -> WeightsPublisher:
         pub = WeightsPublisher(self.channel("weights", binding=True, name=endpoint_name))
@@ -144,8 +235,6 @@ class LearnerBase(Service):
 
         Sparse networks send their masked weights as (index, value) pairs where that is smaller.
         """
-        if not self.settled:
-            return  # the initial publish happened before the compile; updates wait for it
         extras = {**actor.extras(), "env_steps": float(self.batches.inserted)}
         state = actor.actor_state() if net == "actor" else actor.target_actor_state()
         assert state is not None
@@ -155,18 +244,18 @@ class LearnerBase(Service):
 
     def set_param(self, key: str, value: Any) -> None:
         """`batch_size`: requests sent from now on ask for this many transitions (with compiled
-        steps: once they are compiled for it, in a worker thread while updates pause).
+        steps: once they are compiled for it, in the background while updates go on).
         `batches_per_request`: requests sent from now on ask for this many batches at once."""
         cfg = with_learner_setting(self.cfg, key, value, self.ROLE)  # names a bad key or value
         if key == "batches_per_request":
             self.cfg = cfg
             self.batches.per_request = value
             return
-        if not self.settled:
+        if self.compiling is not None:
             raise ConfigError(f"{self.ROLE}: not ready for batch_size={value} yet (still compiling)")
         self.cfg = cfg
         if self.fast:
-            self.warm_up(value)  # compiled off the event loop; `until_compiled` switches to it when done
+            self.compile_for(value)  # `swap_compiled` switches to it when done
         else:
             self.batches.batch_size = value
 
@@ -180,7 +269,7 @@ class LearnerBase(Service):
                           "update_frame_rate": rate * self.batches.batch_size,
                           "batch_size": self.batches.batch_size, "batches_per_request": self.batches.per_request,
                           "batch_wait_s": self.batches.wait_s, "env_steps": self.batches.inserted,
-                          **self.compile_metrics(), **self.losses, **extra})
+                          **self.compile_metrics(now, updates), **self.losses, **extra})
             self.last_metrics, self.metrics_updates = now, updates
         if now - self.last_checkpoint >= self.cfg.learner.checkpoint_every_s:
             self.checkpoint()
@@ -191,9 +280,6 @@ class LearnerBase(Service):
         return checkpoint_dir(self.cfg.run_dir) / f"{self.ROLE}.pt"
 
     def checkpoint(self) -> None:
-        if not self.settled:
-            log.info("not checkpointing while the update steps compile (no update happened yet)")
-            return
         atomic_save({**self.state(), "torch_rng": torch.get_rng_state()}, self.checkpoint_path)
 
     def restored(self) -> dict[str, Any] | None:

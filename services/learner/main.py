@@ -9,7 +9,7 @@ import math
 import time
 from typing import Any
 
-from common.algorithms.base import fused_step
+from common.algorithms.base import ActorPart, CriticPart, fused_step
 from common.config import to_dict
 from services.learner.base import LOSS_EVERY, LearnerBase
 
@@ -25,6 +25,15 @@ class Learner(LearnerBase):
     def counters(self) -> dict[str, Any]:
         return {"updates": self.updates}
 
+    def trained(self) -> tuple[ActorPart, CriticPart]:
+        return self.actor, self.critic
+
+    def fresh_parts(self) -> tuple[ActorPart, CriticPart]:
+        return self.parts(shared=True)
+
+    def train_with(self, parts: tuple[ActorPart | CriticPart, ...]) -> None:
+        self.actor, self.critic = parts  # type: ignore[assignment]
+
     async def serve(self) -> None:
         pub = self.publisher("actor_weights")
         if (saved := self.restored()) is not None:
@@ -33,14 +42,14 @@ class Learner(LearnerBase):
             self.updates = int(saved["updates"])
         self.ready = True
         self.publish_actor(pub, self.actor)
-        self.start_compile(self.actor, self.critic)
+        self.start_compile()
         last_publish = time.monotonic()
         interval = self.cfg.learner.publish_interval
         while self.running:
+            self.swap_compiled()  # before the batch: it has the size the steps are compiled for
             batch = await self.batches.next(self.stopping)
             if batch is None:
                 break
-            await self.until_compiled()
             want = self.read_out_due()
             metrics = fused_step(self.actor, self.critic, batch, want_metrics=want)
             self.updates += 1

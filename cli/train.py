@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import shlex
 import time
 from pathlib import Path
 
@@ -20,7 +21,9 @@ RESUMABLE_KEYS = ("total_steps", "time_limit", "supervisor.listen", "supervisor.
 def train_arguments(p: argparse.ArgumentParser) -> None:
     rows = "\n".join(f"  {key:34s} {doc} (default {default})" for key, default, doc in field_docs())
     p.formatter_class = argparse.RawDescriptionHelpFormatter
-    p.description = "Train TD3 or SAC. With no arguments: TD3 on HalfCheetah-v5."
+    p.description = ("Train TD3 or SAC. With no arguments: TD3 on HalfCheetah-v5. Ctrl-C stops the run "
+                     "cleanly (exit status 130) and prints the --resume command that continues it; SIGTERM "
+                     "stops it the same way with exit status 0.")
     p.epilog = ("Any config key can be set as key=value (values parsed as YAML), e.g.\n"
                 "  spreeze train learner.batch_size=512 replay.update_to_data=0.5\n\nConfig keys:\n" + rows)
     p.add_argument("--config", metavar="FILE",
@@ -87,10 +90,21 @@ def train_config(args: argparse.Namespace) -> Config:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    """The run's exit status: 0 at its budget, 130 after Ctrl-C (with the command that continues
+    the run), 1 when it failed."""
+    from services.supervisor.main import INTERRUPTED
     from services.supervisor.start import start
 
     cfg = train_config(args)
-    return start(cfg, given_keys(args.config, train_overrides(args)), resumed=bool(args.resume), quiet=args.quiet)
+    try:
+        status = start(cfg, given_keys(args.config, train_overrides(args)), resumed=bool(args.resume),
+                       quiet=args.quiet)
+    except KeyboardInterrupt:  # Ctrl-C before the supervisor took over the signal
+        status = INTERRUPTED
+    if status == INTERRUPTED and (Path(cfg.run_dir) / "config.yaml").is_file():
+        print(f"spreeze train: interrupted; continue with: spreeze train --resume {shlex.quote(cfg.run_dir)}",
+              flush=True)
+    return status
 
 
 PARSERS = {"train": train_arguments}

@@ -138,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="spreeze bench containers", description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=12_000, help="env steps per run (the first 2,000 are warm-up)")
     p.add_argument("--repeats", type=int, default=2, help="runs per variant, alternated")
-    p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS),
+                   help="set-ups to compare: compose, compose without health checks, swarm (default all)")
     p.add_argument("--json", help="also write the results to this JSON file")
     args = p.parse_args(argv)
     images(PROJECT)

@@ -172,7 +172,8 @@ def table(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="spreeze bench e2e", description=__doc__.splitlines()[0])
-    p.add_argument("--config", default=None, help="YAML config file (default: the built-in defaults)")
+    p.add_argument("--config", default=None,
+                   help="a YAML config file (default: the built-in defaults; the repository's configs/ has examples)")
     p.add_argument("--seconds", type=float, default=30.0, help="measurement window of each run")
     p.add_argument("--settle", type=float, default=15.0,
                    help="seconds between the first update and the window (the start-up transient)")

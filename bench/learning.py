@@ -44,13 +44,13 @@ def runs_dir(args: argparse.Namespace) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="spreeze bench learning", description=__doc__)
-    p.add_argument("--env", default="HalfCheetah-v5")
-    p.add_argument("--algo", default="td3", choices=("td3", "sac"))
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--total-steps", type=int, default=100_000)
+    p.add_argument("--env", default="HalfCheetah-v5", help="gymnasium environment id (default HalfCheetah-v5)")
+    p.add_argument("--algo", default="td3", choices=("td3", "sac"), help="algorithm (default td3)")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="one run per seed (default 0 1 2)")
+    p.add_argument("--total-steps", type=int, default=100_000, help="env steps of each run (default 100000)")
     p.add_argument("--threshold", type=float, help="return counted as learned (default: the task's, "
                    + ", ".join(f"{e} {t:g}" for e, t in THRESHOLDS.items()) + ")")
-    p.add_argument("--config", help="YAML config for every run")
+    p.add_argument("--config", help="a YAML config for every run (the repository's configs/ has examples)")
     p.add_argument("--out", default="runs/bench-learning", help="directory for the runs and the JSON")
     p.add_argument("overrides", nargs="*", help="config overrides key=value")
     args = p.parse_args(argv)

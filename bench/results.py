@@ -47,21 +47,20 @@ import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
-
-import torch
-import yaml
+from typing import TYPE_CHECKING, Any, cast
 
 from bench.runs import (THRESHOLDS, Terminated, first_reaching, median_reached, read_metrics, run_seed,
                         settings_key)
 from common.algorithms import ALGOS
-from common.algorithms.build import make_parts
-from common.config import Config, from_dict, load_config
-from common.envs import env_spec
-from common.plot import load, plot_learning
 from common.sparse_config import NETWORKS
 from common.sparse_stats import combined_flops_ratio, overall_sparsity
 from proto.names import LEARNER_ROLES
+
+if TYPE_CHECKING:
+    from common.config import Config
+
+# torch, gymnasium, numpy and matplotlib are imported by the functions that use them, so that
+# `spreeze results --help` and a bad argument answer at once
 
 ROOT = Path(__file__).resolve().parents[1]
 OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*=")  # a key=value config override among the arguments
@@ -119,6 +118,11 @@ def learner_values(rows: list[Record]) -> Record:
 def network_counts(cfg: Config) -> Record:
     """Parameters and non-zero parameters of the actor + twin critics ``cfg`` trains, and the
     overall sparsity of their sparse layers (0 when dense)."""
+    import torch
+
+    from common.algorithms.build import make_parts
+    from common.envs import env_spec
+
     layout, low, high = env_spec(cfg.env)
     actor, critic = make_parts(cfg.algo, layout.obs_dim, layout.act_dim, low, high, cfg.algo_config,
                                torch.device("cpu"), True, cfg.seed, sparse=cfg.sparse,
@@ -134,6 +138,10 @@ def run_record(variant: Variant, seed: int, run_dir: Path, wall_s: float, last: 
                threshold: float | None = None, start_s: float = 0.0) -> Record:
     """The raw numbers of one finished run, read from its run directory. ``start_s``: seconds
     from the command's start to the run's (its evaluations' clock starts there)."""
+    import yaml
+
+    from common.config import from_dict
+
     rows = read_metrics(run_dir)
     evals = [r for r in rows if r["kind"] == "eval"]
     ret, used = last_mean(evals, last)
@@ -350,6 +358,8 @@ def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
 
 def machine_info() -> Record:
     """Cores, CPU model and GPUs (as torch sees them) of this machine."""
+    import torch
+
     gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     return {"cores": os.cpu_count(), "cpu": cpu_model(), "gpu": ", ".join(gpus) or "none"}
 
@@ -367,25 +377,33 @@ def git_commit() -> str | None:
 
 # ------------------------------------------------------------------ command line
 
-def parse(argv: list[str]) -> argparse.Namespace:
-    """Options plus ``overrides``: every key=value word, wherever it stands."""
+def parser() -> argparse.ArgumentParser:
+    """The options of `spreeze results` (key=value overrides are taken out before it parses)."""
     p = argparse.ArgumentParser(prog="spreeze results", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="key=value words anywhere are config overrides, e.g. "
                                        "td3.hidden=[256,256] sparse.sparsity=0.5")
-    p.add_argument("--env", default="HalfCheetah-v5")
-    p.add_argument("--algos", nargs="+", choices=ALGOS, default=["td3"])
-    p.add_argument("--modes", nargs="+", choices=NETWORKS, default=list(NETWORKS))
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--total-steps", type=int, default=100_000)
+    p.add_argument("--env", default="HalfCheetah-v5", help="gymnasium environment id (default HalfCheetah-v5)")
+    p.add_argument("--algos", nargs="+", choices=ALGOS, default=["td3"], help="algorithms (default td3)")
+    p.add_argument("--modes", nargs="+", choices=NETWORKS, default=list(NETWORKS),
+                   help=f"network modes, one row each (default {' '.join(NETWORKS)})")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds of every row (default 0 1 2)")
+    p.add_argument("--total-steps", type=int, default=100_000, help="env steps of every run (default 100000)")
     p.add_argument("--last", type=int, default=10, help="evaluations averaged at the end of each run")
     p.add_argument("--threshold", type=float, help="return counted as learned (default: the task's in "
                    "bench.runs.THRESHOLDS; none for other tasks)")
     p.add_argument("--sparsities", type=float, nargs="+",
                    help="sparse.sparsity values swept in ds mode (one row each)")
-    p.add_argument("--config", help="YAML config for every run")
+    p.add_argument("--config", metavar="FILE",
+                   help="a YAML config for every run (the repository's configs/ has examples)")
     p.add_argument("--out", help="Markdown results file (default results/<env>.md; JSON beside it)")
     p.add_argument("--runs-dir", default="runs/results", help="run dirs go to RUNS_DIR/<env>/<section key>/")
+    return p
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    """Options plus ``overrides``: every key=value word, wherever it stands."""
+    p = parser()
     overrides = [a for a in argv if OVERRIDE.match(a)]
     args = p.parse_args([a for a in argv if not OVERRIDE.match(a)])
     if args.sparsities and "ds" not in args.modes:
@@ -394,6 +412,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
         p.error(f"--sparsities {args.sparsities}: each must be in (0, 1)")
     if args.last < 1:
         p.error(f"--last {args.last} must be >= 1")
+    if args.total_steps < 1:
+        p.error(f"--total-steps {args.total_steps} must be >= 1")
     args.overrides = overrides
     if args.threshold is None:
         args.threshold = THRESHOLDS.get(args.env)
@@ -410,6 +430,9 @@ def experiment_key(args: argparse.Namespace) -> str:
 
 def check_configs(args: argparse.Namespace, plan: list[Variant]) -> None:
     """Refuse bad overrides and envs (ConfigError) before the first run starts."""
+    from common.config import load_config
+    from common.envs import env_spec
+
     for v in plan:
         load_config(args.config, [*args.overrides, f"env={args.env}", f"algo={v.algo}",
                                   f"sparse.network={v.network}", *v.overrides()])
@@ -430,6 +453,8 @@ def train_one(args: argparse.Namespace, variant: Variant, seed: int, runs_dir: P
 
 def draw_curves(records: list[Record], out: Path) -> list[Path]:
     """Each row's learning curves (its seeds and their mean ± std): out/<row>/learning_curves.png."""
+    from common.plot import load, plot_learning
+
     paths = []
     for name in dict.fromkeys(r["variant"] for r in records if "error" not in r):
         runs = {f"seed {r['seed']}": load(Path(r["run_dir"])) for r in records

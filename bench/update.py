@@ -262,8 +262,9 @@ def table(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="spreeze bench update", description=__doc__.splitlines()[0])
-    p.add_argument("--algo", nargs="+", choices=ALGOS, default=list(ALGOS))
-    p.add_argument("--batch-sizes", type=int, nargs="+", default=[256, 1024, 4096, 8192])
+    p.add_argument("--algo", nargs="+", choices=ALGOS, default=list(ALGOS), help="algorithms (default all)")
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[256, 1024, 4096, 8192],
+                   help="learner batch sizes, one measurement each")
     p.add_argument("--hidden", type=int, nargs="+", default=[256, 256], help="hidden sizes, actor and critics")
     p.add_argument("--seconds", type=float, default=10.0, help="measurement window of each side")
     p.add_argument("--threads", type=int, default=1, help="torch threads (learner process and plain loop)")

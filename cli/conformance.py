@@ -10,12 +10,17 @@ from __future__ import annotations
 
 import argparse
 
+from cli.argtypes import positive_float
+
 
 def conformance_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = __doc__
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.add_argument("role", choices=("replay", "sampler"), help="the role of the service under test")
     p.add_argument("endpoint", help="ipc://PATH or tcp://HOST:PORT the kit binds as the supervisor's control "
-                                    "socket (its other sockets: beside it, see --help of the README)")
-    p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the service to register")
+                                    "socket (its other sockets: beside it; README.md, Remote samplers)")
+    p.add_argument("--timeout", type=positive_float, default=60.0,
+                   help="seconds to wait for the service to register (default 60)")
     p.add_argument("--run-dir", default="", help="replay: run directory given in the welcome (default: a temp dir)")
 
 

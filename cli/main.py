@@ -10,10 +10,13 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
-from importlib import import_module
+from importlib import import_module, metadata
 
 from bench import BENCHES
 from proto.errors import SpreezeError
+
+MORE = ("More: README.md (Usage; Stopping, crashing and resuming; Configuration) and proto/SPEC.md\n"
+        "(the wire protocol) in the repository. Each command has --help.")
 
 # command -> (module defining its PARSERS and HANDLERS entries, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -31,15 +34,26 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 def parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser with `command`'s arguments (None: every command's, importing every module)."""
-    p = argparse.ArgumentParser(prog="spreeze", description="High-throughput actor-critic RL.")
-    sub = p.add_subparsers(dest="command", required=True)
+    p = argparse.ArgumentParser(prog="spreeze", description="High-throughput actor-critic RL.", epilog=MORE,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"spreeze {version()}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module, text) in COMMANDS.items():
-        s = sub.add_parser(name, help=text, add_help=name != "results")  # results: parsed by bench.results
+        s = sub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".",
+                           add_help=name != "results")  # results: parsed by bench.results
         if command is None or command == name:
             add_arguments = import_module(module).PARSERS.get(name)
             if add_arguments is not None:
                 add_arguments(s)
     return p
+
+
+def version() -> str:
+    """The installed package's version; the source tree's when it runs uninstalled."""
+    try:
+        return metadata.version("spreeze")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed: pip install -e .)"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,13 +9,16 @@ import os
 import sys
 from pathlib import Path
 
+from cli.argtypes import positive_float
+
 
 def sampler_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--connect", required=True, metavar="tcp://HOST:PORT", help="the trainer's --listen address")
     p.add_argument("--keys", metavar="DIR", help="directory holding server.key and the client pair (CURVE)")
     p.add_argument("--key-name", default="client", help="client pair name in --keys (default client)")
     p.add_argument("--id", help="service id (default sampler-<host>-<pid>)")
-    p.add_argument("--register-timeout", type=float, help="seconds to wait for the trainer's welcome (default 30)")
+    p.add_argument("--register-timeout", type=positive_float,
+                   help="seconds to wait for the trainer's welcome (default 30)")
 
 
 def cmd_sampler(args: argparse.Namespace) -> int:
@@ -38,7 +41,9 @@ def cmd_sampler(args: argparse.Namespace) -> int:
 
 
 def keys_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("dir")
+    p.description = ("Make a CURVE server key pair and a client key pair (authorized by the server) for "
+                     "`spreeze train --listen ... --keys DIR` and `spreeze sampler --keys`.")
+    p.add_argument("dir", metavar="DIR", help="directory for the keys (created; a server pair already there is kept)")
     p.add_argument("--client", default="client", help="name of the client pair (run again for more clients)")
 
 
@@ -56,7 +61,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
 
 def health_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("endpoint", nargs="?", help="health endpoint (default: $SPREEZE_HEALTH)")
-    p.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for the answer")
+    p.add_argument("--timeout", type=positive_float, default=3.0, help="seconds to wait for the answer (default 3)")
 
 
 def cmd_health(args: argparse.Namespace) -> int:

@@ -6,12 +6,16 @@ import argparse
 from pathlib import Path
 
 from bench import BENCHES
+from cli.argtypes import positive_int
 
 
 def eval_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_dir")
-    p.add_argument("--episodes", type=int, default=10)
-    p.add_argument("--checkpoint", choices=("best", "latest"), default="best")
+    p.description = ("Run deterministic episodes of a run's best (or latest) checkpoint on a fresh env and "
+                     "print the mean return ± std.")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="run directory of `spreeze train` (its checkpoints/)")
+    p.add_argument("--episodes", type=positive_int, default=10, help="episodes to run, at least 1 (default 10)")
+    p.add_argument("--checkpoint", choices=("best", "latest"), default="best",
+                   help="best: the best evaluation's actor; latest: the newest evaluated one (default best)")
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -26,7 +30,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def plot_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    p.description = ("learning_curves.png (evaluation return vs env steps and vs seconds; several runs: each "
+                     "run and their mean ± std) and throughput.png (sampling and update rates) from the runs' "
+                     "metrics.jsonl.")
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (finished or still running)")
     p.add_argument("--out", help="folder for the PNGs (default: the run directory of one run, else .)")
 
 
@@ -39,7 +46,9 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def bench_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("what", choices=BENCHES)
+    p.description = ("Benchmarks that compare the system with plain baselines and report medians and ratios; "
+                     "`spreeze bench NAME --help` describes one.")
+    p.add_argument("what", choices=BENCHES, metavar="NAME", help=f"the benchmark: {', '.join(BENCHES)}")
     p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments of the benchmark")
 
 

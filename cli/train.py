@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import shlex
 import time
 from pathlib import Path
 
+from cli.argtypes import positive_int
 from common.algorithms import ALGOS
 from common.config import Config, field_docs, given_keys, load_config, parse_override
 from common.errors import ConfigError
@@ -19,16 +21,20 @@ RESUMABLE_KEYS = ("total_steps", "time_limit", "supervisor.listen", "supervisor.
 def train_arguments(p: argparse.ArgumentParser) -> None:
     rows = "\n".join(f"  {key:34s} {doc} (default {default})" for key, default, doc in field_docs())
     p.formatter_class = argparse.RawDescriptionHelpFormatter
-    p.description = "Train TD3 or SAC. With no arguments: TD3 on HalfCheetah-v5."
+    p.description = ("Train TD3 or SAC. With no arguments: TD3 on HalfCheetah-v5. Ctrl-C stops the run "
+                     "cleanly (exit status 130) and prints the --resume command that continues it; SIGTERM "
+                     "stops it the same way with exit status 0.")
     p.epilog = ("Any config key can be set as key=value (values parsed as YAML), e.g.\n"
                 "  spreeze train learner.batch_size=512 replay.update_to_data=0.5\n\nConfig keys:\n" + rows)
-    p.add_argument("--config", help="YAML config file (see configs/); overrides apply on top")
+    p.add_argument("--config", metavar="FILE",
+                   help="a YAML config file (the repository's configs/ has examples); flags and key=value "
+                        "overrides apply on top")
     p.add_argument("--env", help="gymnasium environment id (config key env)")
     p.add_argument("--algo", choices=ALGOS, help="algorithm (config key algo)")
     p.add_argument("--network", choices=NETWORKS,
                    help="dense, static sparse or dynamic sparse (ds) networks (config key sparse.network)")
     p.add_argument("--seed", type=int, help="base seed (config key seed)")
-    p.add_argument("--total-steps", type=int, help="env steps budget (config key total_steps)")
+    p.add_argument("--total-steps", type=positive_int, help="env steps budget (config key total_steps)")
     p.add_argument("--time-limit", type=float, help="wall-clock budget in seconds (config key time_limit)")
     p.add_argument("--run-dir", help="run directory (config key run_dir)")
     p.add_argument("--resume", metavar="RUN_DIR",
@@ -40,7 +46,7 @@ def train_arguments(p: argparse.ArgumentParser) -> None:
                    help="CURVE key directory from `spreeze keys`: tcp endpoints admit its authorized clients "
                         "only (config key supervisor.keys)")
     p.add_argument("--quiet", action="store_true", help="no console progress lines")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (keys listed below)")
 
 
 def train_overrides(args: argparse.Namespace) -> list[str]:
@@ -84,10 +90,21 @@ def train_config(args: argparse.Namespace) -> Config:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    """The run's exit status: 0 at its budget, 130 after Ctrl-C (with the command that continues
+    the run), 1 when it failed."""
+    from services.supervisor.main import INTERRUPTED
     from services.supervisor.start import start
 
     cfg = train_config(args)
-    return start(cfg, given_keys(args.config, train_overrides(args)), resumed=bool(args.resume), quiet=args.quiet)
+    try:
+        status = start(cfg, given_keys(args.config, train_overrides(args)), resumed=bool(args.resume),
+                       quiet=args.quiet)
+    except KeyboardInterrupt:  # Ctrl-C before the supervisor took over the signal
+        status = INTERRUPTED
+    if status == INTERRUPTED and (Path(cfg.run_dir) / "config.yaml").is_file():
+        print(f"spreeze train: interrupted; continue with: spreeze train --resume {shlex.quote(cfg.run_dir)}",
+              flush=True)
+    return status
 
 
 PARSERS = {"train": train_arguments}

@@ -31,16 +31,29 @@ def run_episodes(env: gym.Env, actor: NumpyActor, episodes: int,
     return returns, lengths
 
 
+def checkpoint_path(run_dir: Path, which: str) -> Path:
+    """RUN_DIR/checkpoints/<which>.pt; a ConfigError saying what is missing when it is not there."""
+    if not run_dir.exists():
+        raise ConfigError(f"{str(run_dir)!r} does not exist")
+    if not run_dir.is_dir():
+        raise ConfigError(f"{str(run_dir)!r} is not a run directory (a file)")
+    path = run_dir / "checkpoints" / f"{which}.pt"
+    if not path.is_file():
+        raise ConfigError(f"no {which} checkpoint in {str(run_dir)!r} (checkpoints/{path.name}): the evaluator "
+                          "writes it after an evaluation; has the run evaluated at least once?")
+    return path
+
+
 def evaluate_checkpoint(run_dir: Path, episodes: int, which: str = "best", seed: int = 12_345) -> list[float]:
     """Returns of `episodes` deterministic episodes of a run's best (or latest) checkpoint."""
+    path = checkpoint_path(Path(run_dir), which)
+    if episodes < 1:
+        raise ConfigError(f"episodes={episodes}: evaluate at least 1 episode")
     import torch
 
     from common.config import from_dict
     from common.envs import make_env
 
-    path = Path(run_dir) / "checkpoints" / f"{which}.pt"
-    if not path.is_file():
-        raise ConfigError(f"no checkpoint {str(path)!r}: has the run evaluated at least once?")
     payload = torch.load(path, weights_only=False)
     cfg = from_dict(payload["config"])
     env = make_env(cfg.env, seed=seed)

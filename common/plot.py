@@ -4,23 +4,38 @@ learning_curves.png: evaluation return against env steps and against wall-clock 
 one run shows its evaluation spread (± std over episodes), several runs show each run
 thinly and their mean ± std across runs on the env-step (or time) range they all cover.
 throughput.png: sampling rate (env steps/s) and update frame rate (transitions/s) over time.
-The numbers come from common/metric_series.py, as on the live dashboard.
+The sampling rate is the console progress line's (replay's inserts per second between two
+lines, summed over samplers as replay counts them), read from the lines' `progress` records;
+the other numbers come from common/metric_series.py, as on the live dashboard. A series of
+one point is drawn as a dot, and an empty panel says why it is empty.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from common.errors import ConfigError
 from common.metric_series import MetricSeries
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
 GRID = 200  # points of the common axis the runs are interpolated onto for mean ± std
+SOLO_MARKER = 6  # points: a run with one evaluation (or one rate) is a dot of this size
+CONSOLE_RATE = "console:sampling_hz"  # the progress lines' rate, read from their metrics.jsonl records
+NO_SAMPLING = ("no sampling rate:\nno progress line was recorded, and replay reported\n"
+               "no two counts 2 s apart (the run stopped as it started)")
+NO_UPDATES = ("no update rate:\nthe learners reported no update_frame_rate\n"
+              "(no update yet: the run stopped in its warm-up\nor in the learner's compile)")
 
 
 def load(run_dir: Path) -> MetricSeries:
+    """A run's series from its metrics.jsonl, and (as ``CONSOLE_RATE``) the sampling rate its
+    console progress lines showed."""
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         raise ConfigError(f"{str(run_dir)!r} is not a run directory: it has no metrics.jsonl")
@@ -32,6 +47,9 @@ def load(run_dir: Path) -> MetricSeries:
             continue  # a line cut by a crash
         if isinstance(row, dict):
             series.take(row)
+            t, hz = row.get("wall_time"), row.get("sampling_hz")
+            if row.get("kind") == "progress" and isinstance(t, (int, float)) and isinstance(hz, (int, float)):
+                series.add(CONSOLE_RATE, t, hz)
     return series
 
 
@@ -50,7 +68,20 @@ def mean_std(curves: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarr
     return grid, ys.mean(axis=0), ys.std(axis=0)
 
 
-def plot_learning(runs: dict[str, MetricSeries], out: Path) -> Path:
+def marks(c: np.ndarray) -> dict[str, Any]:
+    """Line style keywords: a lone point gets a marker, or a line through it would not show."""
+    return {"marker": "o", "markersize": SOLO_MARKER} if len(c) == 1 else {}
+
+
+def no_data(ax: Any, why: str) -> None:
+    """Say in the panel why it is empty, instead of leaving a bare axis."""
+    ax.text(0.5, 0.5, why, transform=ax.transAxes, ha="center", va="center", fontsize=9,
+            color="0.3")
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def learning_figure(runs: dict[str, MetricSeries]) -> Figure:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
@@ -59,11 +90,15 @@ def plot_learning(runs: dict[str, MetricSeries], out: Path) -> Path:
         curves = {run: c for run, c in curves.items() if len(c)}
         if len(curves) == 1:
             (run, c), = curves.items()
-            ax.plot(c[:, 0], c[:, 1], marker=".", label=run)
-            ax.fill_between(c[:, 0], c[:, 1] - c[:, 2], c[:, 1] + c[:, 2], alpha=0.25, label="± std over episodes")
+            ax.plot(c[:, 0], c[:, 1], **({"marker": "."} | marks(c)), label=run)
+            if len(c) == 1:
+                ax.errorbar(c[:, 0], c[:, 1], yerr=c[:, 2], fmt="none", capsize=4, label="± std over episodes")
+            else:
+                ax.fill_between(c[:, 0], c[:, 1] - c[:, 2], c[:, 1] + c[:, 2], alpha=0.25,
+                                label="± std over episodes")
         elif curves:
             for run, c in curves.items():
-                ax.plot(c[:, 0], c[:, 1], lw=0.8, alpha=0.6, label=run)
+                ax.plot(c[:, 0], c[:, 1], lw=0.8, alpha=0.6, label=run, **marks(c))
             x, mean, std = mean_std(list(curves.values()))
             if len(x):
                 ax.plot(x, mean, lw=2.2, color="black", label=f"mean of {len(curves)} runs")
@@ -76,27 +111,46 @@ def plot_learning(runs: dict[str, MetricSeries], out: Path) -> Path:
         ax.legend(fontsize=8)
     axes[0].set_title("Return vs env steps")
     axes[1].set_title("Return vs wall-clock")
-    return _save(fig, out / "learning_curves.png")
+    return fig
 
 
-def plot_throughput(runs: dict[str, MetricSeries], out: Path) -> Path:
+def plot_learning(runs: dict[str, MetricSeries], out: Path) -> Path:
+    return _save(learning_figure(runs), out / "learning_curves.png")
+
+
+def sampling_curve(series: MetricSeries) -> np.ndarray:
+    """The console's sampling rate (replay inserts per second between progress lines); the
+    replay-metrics rate of the dashboard where the run recorded no progress line."""
+    c = curve(series, CONSOLE_RATE)
+    return c if len(c) else curve(series, "sampling:env steps/s")
+
+
+def throughput_figure(runs: dict[str, MetricSeries]) -> Figure:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     for run, s in runs.items():
-        c = curve(s, "sampling:env steps/s")
+        c = sampling_curve(s)
         if len(c):
-            axes[0].plot(c[:, 0], c[:, 1], label=run)
+            axes[0].plot(c[:, 0], c[:, 1], label=run, **marks(c))
         for name in sorted(n for n in s.points if n.startswith("updates:")):
             c = curve(s, name)
-            axes[1].plot(c[:, 0], c[:, 1], label=f"{run} {name.split(':', 1)[1]}")
-    for ax, title in ((axes[0], "Sampling (env steps/s)"), (axes[1], "Update frame rate (transitions/s)")):
+            axes[1].plot(c[:, 0], c[:, 1], label=f"{run} {name.split(':', 1)[1]}", **marks(c))
+    panels = ((axes[0], "Sampling (env steps/s, as on the console line)", NO_SAMPLING),
+              (axes[1], "Update frame rate (transitions/s)", NO_UPDATES))
+    for ax, title, why in panels:
         ax.set_title(title)
         ax.set_xlabel("seconds")
         ax.grid(alpha=0.3)
         if ax.lines:
             ax.legend(fontsize=8)
-    return _save(fig, out / "throughput.png")
+        else:
+            no_data(ax, why)
+    return fig
+
+
+def plot_throughput(runs: dict[str, MetricSeries], out: Path) -> Path:
+    return _save(throughput_figure(runs), out / "throughput.png")
 
 
 def _save(fig: object, path: Path) -> Path:

@@ -114,6 +114,11 @@ def env_steps(run: Path) -> int:
     return rows[-1]["inserted"] if rows else 0
 
 
+def updates(run: Path) -> int:
+    rows = [r for r in records(run, "metrics") if r.get("service") == "learner"]
+    return rows[-1].get("updates", 0) if rows else 0
+
+
 def wait_for(probe, timeout: float):  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -152,18 +157,41 @@ def test_sigint_stops_every_service_cleanly(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "cli", "train", "--run-dir", str(run), *FAST, "--total-steps", "1000000"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        wait_for(lambda: True if env_steps(run) >= 256 else None, 90)
+        wait_for(lambda: True if updates(run) > 0 else None, 90)  # a checkpoint needs an update first
         pids = {sid: row["pid"] for sid, row in json.loads((run / "services.json").read_text()).items()}
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 0, out
+    assert proc.returncode == 130, out
     assert "stopped: signal SIGINT" in out
     for sid, pid in pids.items():
         assert not pid_alive(pid), f"{sid} (pid {pid}) still runs"
     assert (run / "checkpoints" / "learner.pt").is_file()  # final learner checkpoint on shutdown
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_exits_130_and_prints_the_resume_command(tmp_path: Path) -> None:
+    """Ctrl-C as soon as the first progress line is out: a clean stop, the shell's status for
+    an interrupted command, and the exact command that continues the run."""
+    run = tmp_path / "ctrl c"  # a space: the printed command quotes it
+    cmd = [sys.executable, "-m", "cli", "train", "--run-dir", str(run), *FAST, "--total-steps", "1000000",
+           "supervisor.progress_every=0.5"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        metrics = run / "metrics.jsonl"
+        wait_for(lambda: True if metrics.is_file() and '"progress"' in metrics.read_text() else None, 60)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, out
+    assert "stopped: signal SIGINT" in out
+    assert out.strip().splitlines()[-1] == (f"spreeze train: interrupted; continue with: "
+                                            f"spreeze train --resume '{run}'"), out
+    assert "Traceback" not in out, out
 
 
 def pid_alive(pid: int) -> bool:

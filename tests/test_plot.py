@@ -7,12 +7,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import matplotlib
 import numpy as np
 import pytest
 from PIL import Image
 
 from common.errors import ConfigError
-from common.plot import load, mean_std, plot_runs
+from common.plot import (NO_UPDATES, curve, learning_figure, load, mean_std, plot_runs, sampling_curve,
+                         throughput_figure)
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -72,3 +77,56 @@ def test_bad_run_directories_are_named(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "cli", "plot", str(empty)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "no evaluation in" in proc.stderr and str(empty) in proc.stderr
+
+
+def rows_file(run_dir: Path, rows: list[dict]) -> Path:
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return run_dir
+
+
+def test_a_single_evaluation_is_drawn_as_a_visible_dot(tmp_path: Path) -> None:
+    one = load(fake_run(tmp_path / "one", 0.0, evals=1))
+    many = load(fake_run(tmp_path / "many", 0.0, evals=5))
+    for runs in ({"one": one}, {"one": one, "many": many}):
+        fig = learning_figure(runs)
+        for ax in fig.axes:
+            [line] = [ln for ln in ax.lines if ln.get_label() == "one"]
+            assert len(line.get_xdata()) == 1
+            assert line.get_marker() not in (None, "", "None", ".") and line.get_markersize() >= 4
+        plt.close(fig)
+
+
+def test_a_panel_without_data_says_why(tmp_path: Path) -> None:
+    """A run stopped before its first update: the update-rate panel says there is no data."""
+    run = rows_file(tmp_path / "warmup", [
+        {"kind": "start", "wall_time": 0.0},
+        {"kind": "metrics", "wall_time": 1.0, "service": "replay", "inserted": 500},
+        {"kind": "progress", "wall_time": 2.0, "sampling_hz": 400.0},
+        {"kind": "eval", "wall_time": 3.0, "env_steps": 500, "return_mean": -1200.0, "return_std": 50.0}])
+    fig = throughput_figure({"warmup": load(run)})
+    sampling, updates = fig.axes
+    assert sampling.lines and not sampling.texts
+    assert not updates.lines
+    assert [t.get_text() for t in updates.texts] == [NO_UPDATES] and "no update" in NO_UPDATES
+    plt.close(fig)
+    plot_runs([run])  # and the PNGs are written
+
+
+def test_the_sampling_rate_is_the_console_lines(tmp_path: Path) -> None:
+    """The console counts from the run's start, the replay-metrics rate from replay's first
+    report: with the warm-up already in that report, only the console's shows it. The plot
+    shows the console's numbers (its progress records)."""
+    rows: list[dict] = [{"kind": "start", "wall_time": 0.0}]
+    for i in range(1, 11):
+        inserted = 1000 + 100 * i  # 1,000 warm-up steps in the first second, then 100 steps/s
+        rows += [{"kind": "metrics", "wall_time": float(i), "service": "replay", "inserted": inserted}]
+        if i % 2 == 0:  # the console line every 2 s: the inserts since the previous line
+            rows += [{"kind": "progress", "wall_time": float(i), "sampling_hz": 1100 / 2 if i == 2 else 100.0}]
+    run = rows_file(tmp_path / "run", rows)
+    series = load(run)
+    np.testing.assert_allclose(sampling_curve(series), [[2, 550], [4, 100], [6, 100], [8, 100], [10, 100]])
+    assert curve(series, "sampling:env steps/s")[0, 1] == pytest.approx(100)  # what it showed before
+    fig = throughput_figure({"run": series})
+    np.testing.assert_allclose(fig.axes[0].lines[0].get_ydata(), [550, 100, 100, 100, 100])
+    plt.close(fig)

@@ -57,6 +57,7 @@ STOP_GRACE = 20.0  # seconds a service has to exit after a shutdown command
 GOODBYE_GRACE = 1.0  # seconds for the control loop to take the goodbyes of services that exited cleanly
 LAST_TO_STOP = (EVALUATOR, REPLAY, VISUALIZER)  # the final evaluation reaches disk and dashboard
 PROXY_HWM = 10_000  # metrics messages queued in the proxy before it drops (PUB semantics)
+INTERRUPTED = 128 + signal.SIGINT  # exit status of a run stopped by Ctrl-C, as a shell reports one
 BUS_WAIT = 5.0  # seconds to wait for the metrics bus to carry a first record before publishing the plan
 
 
@@ -84,6 +85,8 @@ class Supervisor:
         self.policy = RestartPolicy(sc.max_restarts, sc.restart_window, sc.backoff)
         self.stop_reason = ""
         self.failure: str | None = None
+        self.interrupted = False  # stopped by SIGINT (Ctrl-C) before anything else stopped it
+        self.stopping: set[str] = set()  # ids of the children shutdown() has asked (or is asking) to stop
         self.done = asyncio.Event()
         self.encoder = Encoder("supervisor")
         self.next_request = 0
@@ -93,7 +96,9 @@ class Supervisor:
 
     # ------------------------------------------------------------------ main
     async def run(self) -> int:
-        """Train until the budget is spent; 0 on success, 1 when the run failed."""
+        """Train until the budget is spent; 0 on success (or SIGTERM: a process manager's stop is a
+        clean end), INTERRUPTED (130) after Ctrl-C, 1 when the run failed. Either signal shuts
+        down cleanly, so the run can be resumed."""
         self.ctx = zmq.asyncio.Context()
         self.server_keys, self.client_keys = self.curve()
         self.control = Channel(self.ctx, "control", self.endpoints["control"], binding=True, encoder=self.encoder,
@@ -104,7 +109,7 @@ class Supervisor:
                               encoder=self.encoder, curve=self.client_keys)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, self.stop, f"signal {signal.Signals(sig).name}")
+            loop.add_signal_handler(sig, self.on_signal, sig)
         for child in self.children.values():
             self.start(child)
         jobs = [self.metrics_proxy(), self.control_loop(), self.metrics_loop(), self.watch_loop(),
@@ -130,7 +135,7 @@ class Supervisor:
         self.ctx.destroy(linger=0)
         if self.sockets.own_sock_dir:
             shutil.rmtree(self.sockets.sock_dir, ignore_errors=True)
-        return 1 if self.failure else 0
+        return 1 if self.failure else INTERRUPTED if self.interrupted else 0
 
     def curve(self) -> tuple[CurveKeys | None, CurveKeys | None]:
         """(server, client) keys of the tcp-facing hub sockets; (None, None) in a run without keys."""
@@ -144,6 +149,10 @@ class Supervisor:
     def tcp_also(self, name: str) -> tuple[str, ...]:
         """The socket's tcp endpoint when it has one besides its own (ipc transport with listen)."""
         return (self.tcp[name],) if name in self.tcp and self.tcp[name] != self.endpoints[name] else ()
+
+    def on_signal(self, sig: int) -> None:
+        self.interrupted = self.interrupted or (sig == signal.SIGINT and not self.done.is_set())
+        self.stop(f"signal {signal.Signals(sig).name}")
 
     def stop(self, reason: str, failure: bool = False) -> None:
         if not self.done.is_set():
@@ -257,6 +266,8 @@ class Supervisor:
         child.registered, child.state = True, "registered"  # running from its first heartbeat on
         self.write_roster()
         await self.send_welcome(peer, sid, child.spec.role, self.endpoints)
+        if sid in self.stopping:  # it registered while the run stops (Ctrl-C at start-up): it stops too
+            self.tell(sid, "shutdown")
 
     async def send_welcome(self, peer: bytes, sid: str, role: str, endpoints: dict[str, str]) -> None:
         await self.control.send(Welcome(sid, endpoints, self.welcome_config(role),
@@ -442,6 +453,7 @@ class Supervisor:
         last = [c for c in self.children.values() if c.spec.role in LAST_TO_STOP]
         outside = [e for e in self.externals.live() if e.role not in LAST_TO_STOP]
         for group, externals in ((first, outside), (last, self.externals.live(LAST_TO_STOP))):
+            self.stopping |= {child.spec.service_id for child in group}
             for child in group:
                 child.restart_at = 0.0
                 if child.alive and child.registered:

@@ -60,6 +60,7 @@ def test_bench_sampling_smoke(tmp_path: Path) -> None:
     assert row["window_s_runs"][0] > 1.0  # about --seconds, start-up excluded
 
 
+@pytest.mark.slow
 @needs_cxx
 @pytest.mark.timeout(180)
 def test_bench_update_smoke(tmp_path: Path) -> None:
@@ -90,6 +91,7 @@ def test_bench_update_without_a_cxx_compiler_says_so(tmp_path: Path, monkeypatch
     assert "no C++ compiler" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_bench_e2e_smoke(tmp_path: Path) -> None:
     out = tmp_path / "e2e.json"
@@ -167,6 +169,7 @@ TINY_PENDULUM = ["replay.min_size=500", "sampler.warmup_steps=500", "eval.every_
                  "learner.compile=false"]
 
 
+@pytest.mark.slow
 def test_bench_learning_reruns_replace_their_runs_and_other_settings_get_their_own(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from bench.learning import main as learning
@@ -200,6 +203,7 @@ def _descendants(pid: int) -> set[int]:
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("command", [["bench", "learning", "--threshold", "-1600"], ["results", "--modes", "dense"]])
 def test_a_terminated_benchmark_stops_its_training_run_first(tmp_path: Path, command: list[str]) -> None:

@@ -83,8 +83,11 @@ def _compiles(*parts) -> list[int]:
     return [p.fast.step.compiles for p in parts]
 
 
+SLOW_SAC = pytest.param("sac", marks=pytest.mark.slow)  # the same machinery as TD3's, in the slow suite
+
+
 @pytest.mark.parametrize("device", ["cpu", CUDA])
-@pytest.mark.parametrize("algo", ["td3", "sac"])
+@pytest.mark.parametrize("algo", ["td3", SLOW_SAC])
 def test_compiled_agrees_with_eager_over_many_updates(algo: str, device: str) -> None:
     """On CUDA the compiled steps are captured as CUDA graphs (CompileOptions' default)."""
     eager, fast = _parts(algo, device=device), _parts(algo, compiled=True, device=device)
@@ -120,6 +123,7 @@ def test_warm_up_compiles_without_changing_state() -> None:
     assert _compiles(actor, critic) == [1, 1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algo", ["td3", "sac"])
 def test_compiled_split_equals_compiled_fused(algo: str) -> None:
     fused = _parts(algo, compiled=True)
@@ -134,6 +138,7 @@ def test_compiled_split_equals_compiled_fused(algo: str) -> None:
     _assert_close(_tensors(*fused), _tensors(actor, critic), atol=0.0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("growth", ["random", "gradient"])
 def test_sparse_topology_updates_do_not_recompile(growth: str) -> None:
     sparse = SparseConfig(network="ds", sparsity=0.5, every=4, growth=growth)
@@ -172,7 +177,7 @@ def test_checkpoint_load_keeps_compiled_step() -> None:
     assert _compiles(actor, critic) == [1, 1]
 
 
-@pytest.mark.parametrize("algo", ["td3", "sac"])
+@pytest.mark.parametrize("algo", ["td3", SLOW_SAC])
 def test_compiled_shadows_take_over_eager_parts_mid_run(algo: str) -> None:
     """What a learner does on its first compile: fresh parts compile while the live ones
     update eagerly, then load the live state and train on, as the eager parts would have."""
@@ -202,6 +207,7 @@ def test_compile_disabled_keeps_eager_update() -> None:
     assert actor.fast is None and critic.fast is None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algo", ["td3", "sac"])
 def test_guards_off_after_compile_still_agree_with_eager_across_batch_sizes(algo: str) -> None:
     """The learner's order: compile with guards on, updates with them off; a new batch size

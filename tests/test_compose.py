@@ -146,6 +146,7 @@ class Processes:
                 proc.wait()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_compose_services_as_local_processes_find_each_other_and_train(tmp_path: Path) -> None:
     active = services(SMALL)

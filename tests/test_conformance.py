@@ -73,6 +73,7 @@ def test_the_minimal_example_sampler_passes_every_sampler_check() -> None:
     assert passed(report) >= 23
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_the_kit_fails_a_peer_that_breaks_the_spec() -> None:
     """A "replay" whose first message is a heartbeat, not a register: a FAIL line, exit 1."""
@@ -96,6 +97,7 @@ def test_the_kit_fails_a_peer_that_breaks_the_spec() -> None:
     assert report.strip().endswith("0 passed, 1 failed")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_minimal_example_beside_a_local_sampler_in_a_real_run(tmp_path: Path) -> None:
     """Its experience is in replay's ledger, nothing either sampler made is lost at the budget

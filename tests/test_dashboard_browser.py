@@ -57,6 +57,7 @@ def page_state(driver) -> dict:  # type: ignore[no-untyped-def]
     """)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_dashboard_shows_a_live_run_in_chromium(tmp_path: Path) -> None:
     run = tmp_path / "run"

@@ -42,6 +42,7 @@ def best_eval(run_dir: Path) -> float:
     return max(e["return_mean"] for e in evals)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_fused_and_split_both_learn_pendulum(tmp_path: Path) -> None:
     results = {}
@@ -67,6 +68,7 @@ def test_fused_and_split_both_learn_pendulum(tmp_path: Path) -> None:
     # evaluations of two learned runs differed by 150 to 620; both beating random is the claim)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_sac_split_learns_pendulum(tmp_path: Path) -> None:
     run = tmp_path / "sac"
@@ -78,6 +80,7 @@ def test_sac_split_learns_pendulum(tmp_path: Path) -> None:
     assert alphas and alphas[-1] < 1.0  # the temperature was learned (starts at 1.0)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_sampler_killed_is_restarted_and_training_goes_on(tmp_path: Path) -> None:
     run = tmp_path / "kill"
@@ -171,6 +174,7 @@ def test_sigint_stops_every_service_cleanly(tmp_path: Path) -> None:
     assert (run / "checkpoints" / "learner.pt").is_file()  # final learner checkpoint on shutdown
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_ctrl_c_exits_130_and_prints_the_resume_command(tmp_path: Path) -> None:
     """Ctrl-C as soon as the first progress line is out: a clean stop, the shell's status for

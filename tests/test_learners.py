@@ -241,7 +241,7 @@ def test_a_restarted_critic_learner_continues_from_its_checkpoint(tmp_path: Path
 
 @needs_cxx
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("mode", ["fused", "split"])
+@pytest.mark.parametrize("mode", [pytest.param("fused", marks=pytest.mark.slow), "split"])
 def test_learners_update_eagerly_while_compiling_then_switch_to_compiled(tmp_path: Path, mode: str) -> None:
     overrides = ["learner.compile=true", "learner.compile_cache=run", "td3.hidden=[8,8]",
                  *(SPLIT if mode == "split" else ["replay.update_to_data=0"])]

@@ -310,6 +310,7 @@ def evals_by_session(run_dir: Path) -> list[list[dict]]:
     return sessions
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_sigterm_a_whole_run_then_resume_continues_where_it_stopped(tmp_path: Path) -> None:
     import torch

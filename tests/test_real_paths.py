@@ -38,6 +38,7 @@ def images() -> None:
     de.images()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(3300)
 def test_quick_start_on_a_bare_machine_trains_evaluates_and_passes_the_tests(tmp_path: Path, images: None) -> None:
     install, tests = de.quick_start_commands()
@@ -97,6 +98,7 @@ def critic_updates() -> int:
     return int(rows[-1].get("updates", 0)) if rows else 0
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(2400)
 def test_compose_cpu_profile_on_a_real_engine(images: None) -> None:
     de.compose("down", "-v", "--remove-orphans", env=COMPOSE_ENV, check=False)

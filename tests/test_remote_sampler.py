@@ -54,6 +54,7 @@ def stop(proc: subprocess.Popen) -> None:  # type: ignore[type-arg]
         proc.wait()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_remote_sampler_attaches_over_tcp_and_leaves_the_accounting_when_killed(tmp_path: Path) -> None:
     run, port = tmp_path / "run", free_port_base()
@@ -93,6 +94,7 @@ def test_remote_sampler_attaches_over_tcp_and_leaves_the_accounting_when_killed(
     assert not pid_alive(second.pid)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_with_keys_a_sampler_without_an_authorized_key_is_refused(tmp_path: Path) -> None:
     keys = make_keys(tmp_path / "keys")

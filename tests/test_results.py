@@ -235,6 +235,7 @@ def test_arguments_overrides_anywhere_and_variants() -> None:
 
 # ------------------------------------------------------------------ end to end
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_results_end_to_end_pendulum(tmp_path: Path) -> None:
     out = tmp_path / "results" / "Pendulum-v1.md"

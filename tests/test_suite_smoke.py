@@ -23,6 +23,7 @@ SHORT = ["--total-steps", "2000", "sampler.warmup_steps=1000", "replay.min_size=
          "eval.episodes=1", "eval.video_every=0", "learner.compile=false", "visualizer.enabled=false"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("algo, env", [("td3", "Hopper-v5"), ("sac", "Walker2d-v5"), ("td3", "Ant-v5")])
 def test_short_run_on_each_task(tmp_path: Path, algo: str, env: str) -> None:

@@ -100,6 +100,7 @@ def clean() -> None:
                 "the run volume removed")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(2400)
 def test_stack_deploys_trains_scales_and_replaces_a_killed_task(swarm: str) -> None:
     clean()

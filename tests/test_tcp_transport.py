@@ -57,6 +57,7 @@ def test_listen_has_no_use_with_tcp_transport(tmp_path: Path) -> None:
         config(tmp_path, "supervisor.transport=tcp", "supervisor.listen=tcp://0.0.0.0:6000")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_run_with_every_socket_on_tcp_trains_split_learners(tmp_path: Path) -> None:
     run, sockets = tmp_path / "tcp", tmp_path / "no-ipc"

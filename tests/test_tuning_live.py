@@ -120,6 +120,7 @@ def test_a_sampler_joining_late_gets_the_runs_config(tmp_path: Path) -> None:
     shutil.rmtree(sup.sockets.sock_dir)  # made by the constructor; run() would remove it
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_spreeze_train_tunes_and_publishes_each_decision(tmp_path: Path) -> None:
     """`spreeze train supervisor.tune=true`: the whole loop in a real run, short windows."""

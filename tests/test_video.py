@@ -164,6 +164,7 @@ def test_evaluator_without_gl_goes_on_and_announces_why(tmp_path: Path, no_gl: N
     run(body(), timeout=60)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_mujoco_run_without_gl_evaluates_and_keeps_every_service(tmp_path: Path) -> None:
     """`spreeze train` on a MuJoCo task with videos on and no usable GL: no service fails."""

@@ -9,12 +9,18 @@ written as JSON.
 A seed's run directory is named by the settings that shape the run (config, overrides,
 steps), so runs with other settings never collide; rerunning the same command replaces
 that command's earlier runs (they are the benchmark's scratch, not a user's run).
+
+``--cold-vs-warm`` runs each seed twice, back to back: first with an empty compile cache
+(the first run on a new machine: the learners update eagerly while their steps compile),
+then with the cache that run filled; it reports both and the cold-over-warm ratio of the
+median seconds to the threshold.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -52,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
                    + ", ".join(f"{e} {t:g}" for e, t in THRESHOLDS.items()) + ")")
     p.add_argument("--config", help="a YAML config for every run (the repository's configs/ has examples)")
     p.add_argument("--out", default="runs/bench-learning", help="directory for the runs and the JSON")
+    p.add_argument("--cold-vs-warm", action="store_true",
+                   help="run each seed with an empty compile cache, then again with the cache it filled")
     p.add_argument("overrides", nargs="*", help="config overrides key=value")
     args = p.parse_args(argv)
     if args.threshold is None:
@@ -59,35 +67,52 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--env {args.env} has no known threshold: give --threshold")
         args.threshold = THRESHOLDS[args.env]
     base = runs_dir(args)
+    variants = ("cold", "warm") if args.cold_vs_warm else ("",)
+    if args.cold_vs_warm:
+        os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)  # it would win over learner.compile_cache
     rows = []
     for seed in args.seeds:
-        run_dir = base / f"s{seed}"
-        if run_dir.exists():
-            print(f"replacing the earlier run of this command in {run_dir}", flush=True)
-            shutil.rmtree(run_dir)
-        try:
-            result = run_seed(args.env, args.algo, seed, args.total_steps, run_dir, args.config, args.overrides)
-        except RuntimeError as exc:
-            print(f"spreeze bench learning: error: {exc}", file=sys.stderr)
-            return 1
-        rows.append(summarize(result, args.threshold))
-        r = rows[-1]
-        print(f"seed {seed}: steps to {args.threshold:g}: {r['steps_to_threshold']}, seconds: "
-              f"{r['seconds_to_threshold']}, final {r['final_return']:.0f}, best {r['best_return']:.0f}", flush=True)
+        cache = base / f"s{seed}-compile-cache"
+        for variant in variants:
+            run_dir = base / (f"s{seed}-{variant}" if variant else f"s{seed}")
+            for earlier in [run_dir, cache] if variant == "cold" else [run_dir]:
+                if earlier.exists():
+                    print(f"replacing the earlier {earlier.name} of this command in {earlier}", flush=True)
+                    shutil.rmtree(earlier)
+            overrides = [*args.overrides, f"learner.compile_cache={cache}"] if variant else args.overrides
+            try:
+                result = run_seed(args.env, args.algo, seed, args.total_steps, run_dir, args.config, overrides)
+            except RuntimeError as exc:
+                print(f"spreeze bench learning: error: {exc}", file=sys.stderr)
+                return 1
+            rows.append({**summarize(result, args.threshold), **({"compile_cache": variant} if variant else {})})
+            r = rows[-1]
+            print(f"seed {seed}{' ' + variant if variant else ''}: steps to {args.threshold:g}: "
+                  f"{r['steps_to_threshold']}, seconds: {r['seconds_to_threshold']}, "
+                  f"final {r['final_return']:.0f}, best {r['best_return']:.0f}", flush=True)
     summary = {
         "env": args.env, "algo": args.algo, "threshold": args.threshold, "total_steps": args.total_steps,
-        "config": args.config, "overrides": args.overrides, "seeds": rows,
-        "median_steps_to_threshold": median_reached([r["steps_to_threshold"] for r in rows]),
-        "median_seconds_to_threshold": median_reached([r["seconds_to_threshold"] for r in rows]),
-        "median_final_return": median_reached([r["final_return"] for r in rows]),
-        "median_best_return": median_reached([r["best_return"] for r in rows]),
+        "config": args.config, "overrides": args.overrides, "seeds": rows, **medians(rows),
     }
+    if args.cold_vs_warm:
+        cold, warm = ([r for r in rows if r["compile_cache"] == v] for v in variants)
+        summary["cold"], summary["warm"] = medians(cold), medians(warm)
+        c, w = summary["cold"]["median_seconds_to_threshold"], summary["warm"]["median_seconds_to_threshold"]
+        summary["cold_over_warm_seconds"] = round(c / w, 3) if c and w else None
+        print(f"cold compile cache: median seconds to {args.threshold:g} = {c}; warm: {w}; "
+              f"cold/warm = {summary['cold_over_warm_seconds']}")
     base.parent.mkdir(parents=True, exist_ok=True)
     base.with_suffix(".json").write_text(json.dumps(summary, indent=1))
     print(f"{args.env} {args.algo}: median steps to {args.threshold:g} = {summary['median_steps_to_threshold']}, "
           f"median seconds = {summary['median_seconds_to_threshold']}, median final return = "
           f"{summary['median_final_return']}")
     return 0
+
+
+def medians(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians across seeds of steps and seconds to the threshold and of final and best returns."""
+    return {f"median_{key}": median_reached([r[key] for r in rows])
+            for key in ("steps_to_threshold", "seconds_to_threshold", "final_return", "best_return")}
 
 
 if __name__ == "__main__":

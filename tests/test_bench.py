@@ -188,6 +188,25 @@ def test_bench_learning_reruns_replace_their_runs_and_other_settings_get_their_o
     assert "spreeze bench learning: error: seed 0 failed" in capsys.readouterr().err
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(280)
+@needs_cxx
+def test_bench_learning_cold_vs_warm_compile_cache(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--cold-vs-warm: each seed once with an empty compile cache, which it fills, then with it."""
+    from bench.learning import main as learning
+    compiled = [o for o in TINY_PENDULUM if o != "learner.compile=false"] + ["learner.compile=true", "td3.hidden=[8,8]"]
+    assert learning(["--env", "Pendulum-v1", "--threshold", "-1600", "--seeds", "0", "--total-steps", "1500",
+                     "--out", str(tmp_path), "--cold-vs-warm", *compiled]) == 0
+    (summary,) = [json.loads(p.read_text()) for p in tmp_path.glob("*.json")]
+    assert [r["compile_cache"] for r in summary["seeds"]] == ["cold", "warm"]
+    assert set(summary["cold"]) == set(summary["warm"]) >= {"median_seconds_to_threshold"}
+    assert "cold/warm = " in capsys.readouterr().out
+    (base,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    assert any((base / "s0-compile-cache").iterdir())  # the cold run filled it; the warm run used it
+    logs = sorted((base / "s0-warm" / "logs").glob("*learner*.log"))
+    assert logs and any("compiled for batch size" in p.read_text() for p in logs)
+
+
 def _descendants(pid: int) -> set[int]:
     """Every process below ``pid`` (Linux /proc)."""
     found: set[int] = set()

@@ -6,6 +6,8 @@ kernels land in a per-module cache directory, so each graph compiles once per se
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -231,3 +233,14 @@ def test_guards_off_after_compile_still_agree_with_eager_across_batch_sizes(algo
         check_guards(True)
     _assert_close(_tensors(*eager), _tensors(*fast))
     assert _compiles(*fast) == [2, 2]  # one graph per batch size, none made with guards off
+
+
+def test_the_compile_cache_setting_wins_over_the_default_torch_sets_but_not_over_the_users(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`import torch._dynamo` puts torch's default folder into TORCHINDUCTOR_CACHE_DIR; that
+    must not hide learner.compile_cache, while a folder the user exported must win."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
+    assert use_compile_cache(tmp_path / "ours") == tmp_path / "ours" and (tmp_path / "ours").is_dir()
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "users"))
+    assert use_compile_cache(tmp_path / "ours") == tmp_path / "users"

@@ -13,6 +13,7 @@ from pathlib import Path
 import yaml
 
 from common.config import Config, to_dict
+from common.devices import checked_devices
 from common.envs import env_spec, task_facts
 from common.errors import ConfigError
 from services.supervisor import probe
@@ -26,6 +27,8 @@ def start(cfg: Config, pinned: frozenset[str], resumed: bool, quiet: bool) -> in
     user set (the plan and the tuner keep them); a resumed run keeps its saved config."""
     layout, _, _ = env_spec(cfg.env)  # refuse unknown or discrete-action envs before anything starts
     hardware = probe.probe()
+    if cfg.supervisor.mode != "hub":  # hub: the learners run elsewhere (containers), on their hosts' devices
+        cfg = checked_devices(cfg, len(hardware.gpus))  # before the plan: it must not plan on a missing GPU
     planned = cfg.supervisor.auto and not resumed
     choices = probe.plan(hardware, cfg, pinned, layout.width * 4, task_facts(cfg.env)) if planned else []
     cfg = probe.apply(cfg, choices)

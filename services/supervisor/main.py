@@ -44,7 +44,8 @@ from services.supervisor.endpoints import run_endpoints
 from services.supervisor.externals import External, Externals
 from services.supervisor.ledger import Ledger
 from services.supervisor.probe import Choice, cpu_seconds, host_cpu
-from services.supervisor.processes import Child, RestartPolicy, ServiceSpec, core_sets, roster, spawn, terminate
+from services.supervisor.processes import (Child, RestartPolicy, ServiceSpec, core_sets, last_log_line, roster, spawn,
+                                           terminate)
 from services.supervisor.progress import Progress
 from services.supervisor.samplers import SamplerPool
 from services.supervisor.tuner import Setting
@@ -122,6 +123,10 @@ class Supervisor:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        idle = self.no_update()
+        if idle is not None:  # the budget is spent, but nothing was learned: not a success
+            self.failure = idle
+            self.stop_reason += f", but {idle}"
         self.say(self.progress.line())
         self.say(f"stopped: {self.stop_reason}")
         self.progress.close()
@@ -151,6 +156,23 @@ class Supervisor:
             if failure:
                 self.failure = reason
             self.done.set()
+
+    def no_update(self) -> str | None:
+        """Why a run that used up its budget failed all the same: its learner made no update
+        (with the reason where known); None when it made one, was stopped by a signal or
+        failed already, or is not one of this supervisor's children."""
+        learner = self.children.get(self.learner_id)
+        if learner is None or self.failure or self.progress.updates > 0 or self.stop_reason.startswith("signal"):
+            return None
+        inserted = int(max((float(v.get("inserted", 0)) for v in self.progress.by_role(REPLAY)), default=0))
+        if learner.last_error:
+            why = f"restarted {learner.total_restarts} time(s) after crashes, the last with: {learner.last_error}"
+        elif inserted < self.cfg.replay.min_size:
+            why = (f"replay stored {inserted:,} transitions, under replay.min_size={self.cfg.replay.min_size:,} "
+                   f"(its first batch)")
+        else:
+            why = "it did not report one"
+        return f"the learner made no update ({why}); see {self.run_dir / 'logs' / f'{self.learner_id}.log'}"
 
     def say(self, text: str) -> None:
         if not self.quiet:
@@ -214,17 +236,20 @@ class Supervisor:
         now = time.monotonic()
         delay = self.policy.next_delay(child, now)
         sid = child.spec.service_id
+        log_file = self.run_dir / "logs" / f"{sid}.log"
+        child.last_error = last_log_line(log_file)
+        said = f" (its log ends: {child.last_error})" if child.last_error else ""  # why, in its own words
         if delay is None:
-            log_file = self.run_dir / "logs" / f"{sid}.log"
             self.emit("give_up", f"{sid} failed {self.policy.max_restarts + 1} times within "
-                                 f"{self.policy.window:.0f}s; last: {why}; see {log_file}",
-                      {"service": sid, "log": str(log_file)})
-            self.stop(f"{sid} keeps failing ({why}); see {log_file}", failure=True)
+                                 f"{self.policy.window:.0f}s; last: {why}{said}; see {log_file}",
+                      {"service": sid, "log": str(log_file), "last_error": child.last_error})
+            self.stop(f"{sid} keeps failing ({why}){said}; see {log_file}", failure=True)
             return
         child.restarts.append(now)
         child.total_restarts += 1
         child.restart_at, child.state = now + delay, "restarting"
-        self.emit("restart", f"{sid} {why}; restarting in {delay:.1f}s", {"service": sid, "delay": delay})
+        self.emit("restart", f"{sid} {why}{said}; restarting in {delay:.1f}s",
+                  {"service": sid, "delay": delay, "last_error": child.last_error})
 
     def emit(self, kind: str, reason: str, data: dict[str, Any]) -> None:
         self.say(f"event {kind}: {reason}")

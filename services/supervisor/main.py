@@ -4,8 +4,9 @@ Reads top to bottom: `run()` binds the hub sockets, starts the children, then ru
 loops until the budget is spent or a signal arrives: control (registrations and
 heartbeats), metrics (metrics.jsonl), watch (crashes, silence, restarts) and progress
 (the console line). `shutdown()` stops data producers first, then the rest, so the
-evaluator's last result and the learners' final checkpoints make it to disk. Before that,
-replay is told to drain (store everything, rate limiter notwithstanding), and at the very end
+evaluator's last result and the learners' final checkpoints make it to disk. Right after the
+samplers are told to stop, replay is told to drain (store everything, rate limiter and budget
+notwithstanding), and at the very end
 the ledger record compares, per sampler, the env steps it made with those replay stored.
 
 Services it did not start (compose containers in hub mode, remote samplers attaching
@@ -456,12 +457,7 @@ class Supervisor:
 
     # ------------------------------------------------------------------ shutdown
     async def shutdown(self) -> None:
-        """Replay drains; producers stop (samplers, learners), then evaluator, replay and visualizer."""
-        for child in self.children.values():
-            if child.spec.role == REPLAY and child.alive and child.registered:
-                self.tell(child.spec.service_id, "set", "drain", True)
-        for ext in self.externals.live((REPLAY,)):
-            self.tell(ext.service_id, "set", "drain", True)
+        """Producers stop (samplers, learners) and replay drains, then evaluator, replay and visualizer."""
         first = [c for c in self.children.values() if c.spec.role not in LAST_TO_STOP]
         first += self.samplers.leaving()
         last = [c for c in self.children.values() if c.spec.role in LAST_TO_STOP]
@@ -471,14 +467,30 @@ class Supervisor:
                 child.restart_at = 0.0
                 if child.alive and child.registered:
                     self.tell(child.spec.service_id, "shutdown")
+                elif child.alive:  # still starting (importing, registering): it has nothing to keep
+                    child.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
             for ext in externals:
                 self.tell(ext.service_id, "shutdown")
+            if group is first:
+                self.drain()
             await self._wait_exit(group, externals, STOP_GRACE)
-            terminate(group, timeout=5.0)
+            # off the event loop: pings must go on meanwhile, or the services still running
+            # (replay, the evaluator) take the supervisor for dead and exit without their last work
+            await asyncio.to_thread(terminate, group, 5.0)
         await self._take_goodbyes(GOODBYE_GRACE)
         await self._drain_metrics(0.5)
         self.write_roster()
         self.account()
+
+    def drain(self) -> None:
+        """Tell replay to store every batch from now on, rate limiter and budget notwithstanding:
+        the samplers, told to stop just before (so that they make no new batches on the
+        credit its acks give back), flush what they hold."""
+        for child in self.children.values():
+            if child.spec.role == REPLAY and child.alive and child.registered:
+                self.tell(child.spec.service_id, "set", "drain", True)
+        for ext in self.externals.live((REPLAY,)):
+            self.tell(ext.service_id, "set", "drain", True)
 
     def account(self) -> None:
         """Record the ledger (ledger.py) and say whether every sampler's env steps were stored."""

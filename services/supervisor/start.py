@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from common.config import Config, to_dict
+from common.config import Config, check_budget, to_dict
 from common.devices import checked_devices
 from common.envs import env_spec, task_facts
 from common.errors import ConfigError
@@ -32,6 +32,7 @@ def start(cfg: Config, pinned: frozenset[str], resumed: bool, quiet: bool) -> in
     planned = cfg.supervisor.auto and not resumed
     choices = probe.plan(hardware, cfg, pinned, layout.width * 4, task_facts(cfg.env)) if planned else []
     cfg = probe.apply(cfg, choices)
+    check_budget(cfg)  # after the plan: it may shorten the warm-up (tasks that end episodes early)
     run_dir = Path(cfg.run_dir)
     started = [name for name in RUN_STATE if (run_dir / name).is_dir() and any((run_dir / name).iterdir())]
     if started and not resumed:

@@ -53,6 +53,8 @@ def test_a_run_stops_at_its_budget_and_promptly(tmp_path: Path) -> None:
     reached = next(r["wall_time"] for r in replay if r["inserted"] >= 3000)
     [ledger] = records(run, "ledger")
     assert ledger["wall_time"] - reached < 10, (reached, ledger["wall_time"])  # not a 20 s stop grace
+    at_budget = [line for line in proc.stdout.splitlines() if "steps 3,000/3,000" in line]
+    assert at_budget and all(line.endswith("| left finishing") for line in at_budget), at_budget
 
 
 def test_a_budget_the_warmup_uses_up_is_refused(tmp_path: Path) -> None:

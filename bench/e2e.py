@@ -31,7 +31,9 @@ from typing import Any
 
 from bench.system import BenchFailed, STARTUP_S, add_output_args, measure, rate
 from common.config import Config, load_config
+from common.devices import checked_devices
 from services.supervisor.main import Supervisor
+from services.supervisor.probe import cuda_devices
 from services.supervisor.processes import roster
 from services.supervisor.progress import Progress
 
@@ -184,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--seconds and --repeats must be positive, --settle not negative")
     cfg = load_config(args.config, [*args.overrides, f"total_steps={HUGE}",
                                     f"time_limit={args.seconds + 2 * STARTUP_S + 300}"])
+    cfg = checked_devices(cfg, len(cuda_devices()))  # a GPU this host lacks is refused before anything starts
     run(cfg, args.seconds, args.repeats, args.json, args.out, args.settle)
     return 0
 

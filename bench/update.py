@@ -52,11 +52,12 @@ from common.algorithms.base import fused_step
 from common.algorithms.build import make_parts
 from common.algorithms.compiled import CACHE_ENV, CompileOptions, check_guards, use_compile_cache
 from common.config import Config, load_config
+from common.devices import checked_device
 from common.envs import env_spec
 from common.errors import ConfigError
 from common.learner_io import device_of
 from services.learner.base import LOSS_EVERY
-from services.supervisor.probe import CXX_HINT, cxx_compiler
+from services.supervisor.probe import CXX_HINT, cuda_devices, cxx_compiler
 from services.supervisor.processes import ServiceSpec, roster
 from services.supervisor.progress import Progress
 
@@ -278,10 +279,10 @@ def main(argv: list[str] | None = None) -> int:
     if (min(args.batch_sizes) <= 0 or min(args.hidden) <= 0 or args.seconds <= 0 or args.threads <= 0
             or args.repeats <= 0 or args.fill <= 0):
         p.error("--batch-sizes, --hidden, --seconds, --threads, --repeats and --fill must be positive")
+    args.device = checked_device("actor_device", args.device, len(cuda_devices()))  # refused before anything starts
     bench_config(args.algo[0], args.batch_sizes[0], tuple(args.hidden), args.threads, args.device,
                  max(args.fill, max(args.batch_sizes)), args.seconds, Path("."),
                  overrides=tuple(args.overrides))  # validate the config
-    device_of(args.device)  # refuse cuda without CUDA before starting anything
     run(tuple(args.algo), tuple(args.batch_sizes), tuple(args.hidden), args.seconds, args.threads,
         args.device, args.repeats, args.fill, args.json, args.out, tuple(args.overrides),
         not args.no_compile_times)

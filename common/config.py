@@ -269,6 +269,17 @@ class Config:
         return int(self.total_steps * self.replay.update_to_data)
 
 
+def check_budget(cfg: Config) -> None:
+    """Refuse a step budget that the learner's warm-up uses up: replay serves its first batch
+    once it holds replay.min_size transitions, so with total_steps at or under that the run
+    would end before the first update. Checked once the start plan has set min_size."""
+    steps, warmup = cfg.total_steps, cfg.replay.min_size
+    if steps <= warmup:
+        raise ConfigError(f"total_steps={steps} is {'under' if steps < warmup else 'not above'} the {warmup}-step "
+                          f"warm-up (replay.min_size={warmup}): the learner would make no update; raise "
+                          f"total_steps or lower replay.min_size (and sampler.warmup_steps)")
+
+
 RUNTIME_LEARNER_KEYS = ("batch_size", "batches_per_request")  # learner.* a running run may change
 
 

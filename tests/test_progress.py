@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,7 @@ from common.algorithms.build import make_parts
 from common.sparse_config import SparseConfig
 from common.sparse_stats import combined_flops_ratio
 from proto.messages import EvalResult, Metrics
-from services.supervisor.progress import Progress
+from services.supervisor.progress import Progress, StepRate
 
 pytestmark = pytest.mark.timeout(30)
 DENSE_LINE = re.compile(r"^\[\s*\d+s\] steps 400/1,000 \| updates 200 \| sampling [\d,]+ Hz \| "
@@ -156,4 +157,26 @@ def test_line_says_compiling_while_a_learner_compiles_then_the_gain(tmp_path: Pa
     p.take(Metrics("critic_learner", {"updates": 400, "compiling": 0.0, "compile_s": 31.0, "compile_gain": 2.14}))
     p.take(Metrics("actor_learner", {"updates": 200, "compiling": 0.0, "compile_s": 5.0, "compile_gain": 1.8}))
     assert p.line().endswith(" | compiled 31s, 1.8x eager")
+    p.close()
+
+
+def test_the_step_rate_behind_time_left_is_smoothed() -> None:
+    rate = StepRate(weight=0.3)
+    assert rate.add(0.0) == 0.0  # start-up windows without steps do not count
+    assert rate.add(100.0) == 100.0
+    assert rate.add(20.0) == pytest.approx(76.0)  # one slow window moves it by 30% of the gap, not to 20
+    assert rate.add(100.0) == pytest.approx(83.2)
+
+
+def test_time_left_does_not_jump_and_is_never_shown_past_the_budget(tmp_path: Path) -> None:
+    p = Progress(tmp_path / "metrics.jsonl", total_steps=10_000, time_limit=0.0)
+    lefts = []
+    for steps, seconds in ((1000, 1.0), (2000, 1.0), (2200, 1.0), (3200, 1.0)):  # one window at 200/s among 1000/s
+        p.take(Metrics("replay", {"inserted": steps}))
+        p._window = (time.monotonic() - seconds, *p._window[1:])  # as if `seconds` passed since the last line
+        lefts.append(p.summary()["remaining"])
+    assert lefts[2] < 2 * lefts[1] and lefts[3] < lefts[2]  # a raw rate would give 8 s, 39 s, 7 s
+    p.take(Metrics("replay", {"inserted": 10_050}))
+    assert p.summary()["remaining"] == 0.0
+    assert p.line().endswith("| left finishing")
     p.close()

@@ -167,6 +167,26 @@ def test_a_service_that_keeps_crashing_stops_the_run(tmp_path: Path, monkeypatch
     assert not Path(sup.sockets.sock_dir).exists()
 
 
+@pytest.mark.timeout(60)
+def test_a_crash_looping_learner_says_why_and_a_run_without_updates_fails(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Real replay and sampler; the learner crashes at once, every time: each restart line
+    quotes its log's last line, and reaching the budget without an update is a failure."""
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    cfg = run_config(tmp_path, "total_steps=600", "sampler.warmup_steps=1000", "replay.update_to_data=0",
+                     "supervisor.max_restarts=1000",
+                     "supervisor.backoff=0.05", "supervisor.heartbeat_interval=0.5", "visualizer.enabled=false")
+    specs = [service("replay"), ServiceSpec("learner", "learner", "tests.crashing_service"),
+             service("sampler", "sampler-0")]
+    sup = Supervisor(cfg, specs=specs)
+    rc = asyncio.run(asyncio.wait_for(sup.run(), 50))
+    out = capsys.readouterr().out
+    said = "crashing_service: exiting with code 3 on purpose"
+    assert f"event restart: learner exited with code 3 (its log ends: {said}); restarting in" in out
+    assert rc == 1 and sup.stop_reason.startswith("budget of 600 env steps reached, but the learner made no update")
+    assert said in out.splitlines()[-1] and out.splitlines()[-1].startswith("stopped: budget of 600")
+
+
 def test_a_registered_service_heartbeats_and_exits_on_shutdown(tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYTHONPATH", str(ROOT))

@@ -12,8 +12,12 @@ with obs_dim/act_dim, a `done` other than 0/1) or that does not fit this replay 
 env's dimensions, NaN/inf) gets an `error` naming why and, when its batch number can be
 read, a `rejected` ack that uses the number up, so the sampler moves on.
 
-End of a run: the supervisor sends `set drain true` before it stops the samplers; from then
-on every batch is stored, rate limiter notwithstanding (no learner samples any more), and
+The budget: experience is read only while fewer than `total_steps` transitions were
+inserted, so a run stops within the batches its samplers have in flight (their ack
+window) of its budget; the count is published the moment it is reached.
+
+End of a run: the supervisor sends `set drain true` right after it stops the samplers; from
+then on every batch is stored, rate limiter and budget notwithstanding (no learner samples any more), and
 close() takes whatever is still queued before the final snapshot. Warm-up steps are
 granted to sampler sessions in the acks (ledger.py), so the run takes exactly
 `sampler.warmup_steps` random steps in all.
@@ -203,7 +207,7 @@ class Replay(Service):
         poller.register(smp.sock, zmq.POLLIN)
         last_metrics = time.monotonic()
         while self.running:
-            accepting = (self.draining or self.limiter.can_insert(1)) and not self.paused
+            accepting = self.admits() and not self.paused
             if accepting:
                 poller.register(exp.sock, zmq.POLLIN)
             t0 = time.monotonic()
@@ -237,10 +241,16 @@ class Replay(Service):
             if got is not None and isinstance(got[1], SampleRequest):
                 self.pending.append((got[0], smp.last_sender, smp.last_seq, got[1]))  # type: ignore[arg-type]
 
+    def admits(self) -> bool:
+        """Whether experience is read now: while draining always; else while the rate limiter
+        admits and the run's budget (total_steps) is not used up. Held back, samplers run
+        out of credit and stop stepping; at the end, drain stores what they already sent."""
+        return self.draining or (self.limiter.can_insert(1) and self.limiter.inserts < self.cfg.total_steps)
+
     def take_experience(self, exp: Channel) -> int:
-        """Read up to DRAIN_MAX queued messages (while the limiter admits, unless draining); how many."""
+        """Read up to DRAIN_MAX queued messages (while `admits()`); how many."""
         for taken in range(DRAIN_MAX):
-            if not (self.draining or self.limiter.can_insert(1)):
+            if not self.admits():
                 return taken
             try:
                 got = exp.recv_nowait()
@@ -318,7 +328,10 @@ class Replay(Service):
             return self.reject(msg, sender, str(exc))
         self.ledger.stored(sender, first, n, size)
         if n:
+            before = self.limiter.inserts
             (self.limiter.force_insert if self.draining else self.limiter.insert)(n)
+            if before < self.cfg.total_steps <= self.limiter.inserts:
+                self.report()  # the supervisor stops the run on this count: tell it now, not in METRICS_EVERY
         return None
 
     def reject(self, msg: Experience, sender: str, why: str) -> str:

@@ -141,8 +141,10 @@ class Sampler(Service):
         return max(self.outbox.warmup - self.random_steps, 0)
 
     def can_act(self) -> bool:
-        """One step of every env is possible: with the actor, or at random within the grant."""
-        return self.actor is not None or self.unused_random >= len(self.envs)
+        """One step of every env is possible: with the actor, or at random within the grant;
+        and this sampler alone has not made the run's whole budget (total_steps) yet."""
+        within = self.envs.steps < self.cfg.total_steps  # the run stops there; replay caps all samplers together
+        return within and (self.actor is not None or self.unused_random >= len(self.envs))
 
     def opening(self) -> Experience:
         """The empty batch a session starts with (its ack carries the first warm-up grant)."""

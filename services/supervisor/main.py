@@ -4,8 +4,9 @@ Reads top to bottom: `run()` binds the hub sockets, starts the children, then ru
 loops until the budget is spent or a signal arrives: control (registrations and
 heartbeats), metrics (metrics.jsonl), watch (crashes, silence, restarts) and progress
 (the console line). `shutdown()` stops data producers first, then the rest, so the
-evaluator's last result and the learners' final checkpoints make it to disk. Before that,
-replay is told to drain (store everything, rate limiter notwithstanding), and at the very end
+evaluator's last result and the learners' final checkpoints make it to disk. Right after the
+samplers are told to stop, replay is told to drain (store everything, rate limiter and budget
+notwithstanding), and at the very end
 the ledger record compares, per sampler, the env steps it made with those replay stored.
 
 Services it did not start (compose containers in hub mode, remote samplers attaching
@@ -44,7 +45,8 @@ from services.supervisor.endpoints import run_endpoints
 from services.supervisor.externals import External, Externals
 from services.supervisor.ledger import Ledger
 from services.supervisor.probe import Choice, cpu_seconds, host_cpu
-from services.supervisor.processes import Child, RestartPolicy, ServiceSpec, core_sets, roster, spawn, terminate
+from services.supervisor.processes import (Child, RestartPolicy, ServiceSpec, core_sets, last_log_line, roster, spawn,
+                                           terminate)
 from services.supervisor.progress import Progress
 from services.supervisor.samplers import SamplerPool
 from services.supervisor.tuner import Setting
@@ -127,6 +129,10 @@ class Supervisor:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        idle = self.no_update()
+        if idle is not None:  # the budget is spent, but nothing was learned: not a success
+            self.failure = idle
+            self.stop_reason += f", but {idle}"
         self.say(self.progress.line())
         self.say(f"stopped: {self.stop_reason}")
         self.progress.close()
@@ -160,6 +166,23 @@ class Supervisor:
             if failure:
                 self.failure = reason
             self.done.set()
+
+    def no_update(self) -> str | None:
+        """Why a run that used up its budget failed all the same: its learner made no update
+        (with the reason where known); None when it made one, was stopped by a signal or
+        failed already, or is not one of this supervisor's children."""
+        learner = self.children.get(self.learner_id)
+        if learner is None or self.failure or self.progress.updates > 0 or self.stop_reason.startswith("signal"):
+            return None
+        inserted = int(max((float(v.get("inserted", 0)) for v in self.progress.by_role(REPLAY)), default=0))
+        if learner.last_error:
+            why = f"restarted {learner.total_restarts} time(s) after crashes, the last with: {learner.last_error}"
+        elif inserted < self.cfg.replay.min_size:
+            why = (f"replay stored {inserted:,} transitions, under replay.min_size={self.cfg.replay.min_size:,} "
+                   f"(its first batch)")
+        else:
+            why = "it did not report one"
+        return f"the learner made no update ({why}); see {self.run_dir / 'logs' / f'{self.learner_id}.log'}"
 
     def say(self, text: str) -> None:
         if not self.quiet:
@@ -223,17 +246,20 @@ class Supervisor:
         now = time.monotonic()
         delay = self.policy.next_delay(child, now)
         sid = child.spec.service_id
+        log_file = self.run_dir / "logs" / f"{sid}.log"
+        child.last_error = last_log_line(log_file)
+        said = f" (its log ends: {child.last_error})" if child.last_error else ""  # why, in its own words
         if delay is None:
-            log_file = self.run_dir / "logs" / f"{sid}.log"
             self.emit("give_up", f"{sid} failed {self.policy.max_restarts + 1} times within "
-                                 f"{self.policy.window:.0f}s; last: {why}; see {log_file}",
-                      {"service": sid, "log": str(log_file)})
-            self.stop(f"{sid} keeps failing ({why}); see {log_file}", failure=True)
+                                 f"{self.policy.window:.0f}s; last: {why}{said}; see {log_file}",
+                      {"service": sid, "log": str(log_file), "last_error": child.last_error})
+            self.stop(f"{sid} keeps failing ({why}){said}; see {log_file}", failure=True)
             return
         child.restarts.append(now)
         child.total_restarts += 1
         child.restart_at, child.state = now + delay, "restarting"
-        self.emit("restart", f"{sid} {why}; restarting in {delay:.1f}s", {"service": sid, "delay": delay})
+        self.emit("restart", f"{sid} {why}{said}; restarting in {delay:.1f}s",
+                  {"service": sid, "delay": delay, "last_error": child.last_error})
 
     def emit(self, kind: str, reason: str, data: dict[str, Any]) -> None:
         self.say(f"event {kind}: {reason}")
@@ -442,12 +468,7 @@ class Supervisor:
 
     # ------------------------------------------------------------------ shutdown
     async def shutdown(self) -> None:
-        """Replay drains; producers stop (samplers, learners), then evaluator, replay and visualizer."""
-        for child in self.children.values():
-            if child.spec.role == REPLAY and child.alive and child.registered:
-                self.tell(child.spec.service_id, "set", "drain", True)
-        for ext in self.externals.live((REPLAY,)):
-            self.tell(ext.service_id, "set", "drain", True)
+        """Producers stop (samplers, learners) and replay drains, then evaluator, replay and visualizer."""
         first = [c for c in self.children.values() if c.spec.role not in LAST_TO_STOP]
         first += self.samplers.leaving()
         last = [c for c in self.children.values() if c.spec.role in LAST_TO_STOP]
@@ -458,14 +479,30 @@ class Supervisor:
                 child.restart_at = 0.0
                 if child.alive and child.registered:
                     self.tell(child.spec.service_id, "shutdown")
+                elif child.alive:  # still starting (importing, registering): it has nothing to keep
+                    child.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
             for ext in externals:
                 self.tell(ext.service_id, "shutdown")
+            if group is first:
+                self.drain()
             await self._wait_exit(group, externals, STOP_GRACE)
-            terminate(group, timeout=5.0)
+            # off the event loop: pings must go on meanwhile, or the services still running
+            # (replay, the evaluator) take the supervisor for dead and exit without their last work
+            await asyncio.to_thread(terminate, group, 5.0)
         await self._take_goodbyes(GOODBYE_GRACE)
         await self._drain_metrics(0.5)
         self.write_roster()
         self.account()
+
+    def drain(self) -> None:
+        """Tell replay to store every batch from now on, rate limiter and budget notwithstanding:
+        the samplers, told to stop just before (so that they make no new batches on the
+        credit its acks give back), flush what they hold."""
+        for child in self.children.values():
+            if child.spec.role == REPLAY and child.alive and child.registered:
+                self.tell(child.spec.service_id, "set", "drain", True)
+        for ext in self.externals.live((REPLAY,)):
+            self.tell(ext.service_id, "set", "drain", True)
 
     def account(self) -> None:
         """Record the ledger (ledger.py) and say whether every sampler's env steps were stored."""

@@ -68,6 +68,7 @@ class Child:
     restarts: deque[float] = field(default_factory=deque)  # restart times within the window
     total_restarts: int = 0
     restart_at: float = 0.0  # when a pending restart is due (0 = none pending)
+    last_error: str = ""  # the last line of its log when it last crashed ("" = never crashed)
 
     @property
     def alive(self) -> bool:
@@ -109,6 +110,26 @@ def spawn(spec: ServiceSpec, control: str, log_dir: Path, extra_env: dict[str, s
     except OSError:  # gone already: the watch loop sees it exit
         pass
     return proc
+
+
+LOG_TAIL_BYTES = 8192  # read from the end of a service's log for its last line (a traceback's last line fits)
+LOG_LINE_MAX = 300  # characters of that line a console line quotes
+
+
+def last_log_line(path: Path) -> str:
+    """The last non-empty line of a service's log (a crash's last traceback line, e.g. the
+    ConfigError message), shortened; "" when there is none."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(f.seek(0, os.SEEK_END) - LOG_TAIL_BYTES, 0))
+            tail = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    lines = [line.strip() for line in tail.splitlines() if line.strip()]
+    if not lines:
+        return ""
+    line = lines[-1]
+    return line if len(line) <= LOG_LINE_MAX else line[:LOG_LINE_MAX - 3] + "..."
 
 
 @dataclass(frozen=True)

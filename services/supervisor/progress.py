@@ -19,6 +19,25 @@ STALL_KNOBS = ("try a larger network (td3.hidden=[256,256] or sac.hidden=[256,25
                "a lower update-to-data ratio (replay.update_to_data=0.5), or another seed")
 
 
+RATE_WEIGHT = 0.3  # weight of the newest window in the step rate behind "left": about 3 lines of memory
+
+
+class StepRate:
+    """The step rate the time-left estimate divides by: an exponential moving average over
+    the progress lines' windows, so that one slow or fast window (a compile, a restart, a
+    tuning change) moves the estimate a little instead of making it jump."""
+
+    def __init__(self, weight: float = RATE_WEIGHT) -> None:
+        self.weight = weight
+        self.value = 0.0  # steps per second; 0 until the first window with steps
+
+    def add(self, rate: float) -> float:
+        """Take a window's rate; the smoothed rate. Windows before the first steps (start-up)
+        do not count: they would only drag the first estimates out."""
+        self.value = rate if self.value == 0.0 else self.weight * rate + (1 - self.weight) * self.value
+        return self.value
+
+
 class Progress:
     """Keeps the newest metrics per service and writes every record to metrics.jsonl."""
 
@@ -32,6 +51,7 @@ class Progress:
         self.evals: list[EvalResult] = []
         self._window = (self.start, 0, 0)  # (time, env_steps, updates) at the last line
         self._seen = {"env_steps": 0, "updates": 0}  # highest counts so far: they never go back
+        self.step_rate = StepRate()
         self.record("start", {"unix_time": time.time()})  # wall_time of every record counts from here
 
     @property
@@ -100,10 +120,14 @@ class Progress:
         if self.last_eval is not None:
             out["eval_return"] = self.last_eval.return_mean
             out["eval_env_steps"] = self.last_eval.env_steps
-        out["remaining"] = self.remaining(out["sampling_hz"])
+        out["remaining"] = self.remaining(self.step_rate.add(out["sampling_hz"]))
         return out
 
     def remaining(self, step_rate: float) -> float | None:
+        """Seconds until the sooner budget at `step_rate` steps/s: 0 once one is used up, None
+        while neither can be told (no steps yet, no time limit)."""
+        if self.env_steps >= self.total_steps:
+            return 0.0
         left = []
         if step_rate > 0:
             left.append(max(self.total_steps - self.env_steps, 0) / step_rate)
@@ -128,7 +152,8 @@ class Progress:
         s = self.summary()
         self.record("progress", s)
         ev = (f"{s['eval_return']:.0f} @{s['eval_env_steps'] / 1000:.0f}k" if "eval_return" in s else "-")
-        rem = "?" if s["remaining"] is None else f"{s['remaining']:.0f}s"
+        rem = ("finishing" if s["env_steps"] >= self.total_steps else "?" if s["remaining"] is None
+               else f"{s['remaining']:.0f}s")
         return (f"[{s['elapsed']:6.0f}s] steps {s['env_steps']:,}/{self.total_steps:,} | "
                 f"updates {s['updates']:,} | sampling {s['sampling_hz']:,.0f} Hz | "
                 f"update {s['update_frame_rate'] / 1000:,.1f}k fr/s | utd {s['update_to_data']:.2f} | "

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import yaml
 
-from common.config import Config, to_dict
+from common.config import Config, check_budget, to_dict
+from common.devices import checked_devices
 from common.envs import env_spec, task_facts
 from common.errors import ConfigError
 from services.supervisor import probe
@@ -26,9 +27,12 @@ def start(cfg: Config, pinned: frozenset[str], resumed: bool, quiet: bool) -> in
     user set (the plan and the tuner keep them); a resumed run keeps its saved config."""
     layout, _, _ = env_spec(cfg.env)  # refuse unknown or discrete-action envs before anything starts
     hardware = probe.probe()
+    if cfg.supervisor.mode != "hub":  # hub: the learners run elsewhere (containers), on their hosts' devices
+        cfg = checked_devices(cfg, len(hardware.gpus))  # before the plan: it must not plan on a missing GPU
     planned = cfg.supervisor.auto and not resumed
     choices = probe.plan(hardware, cfg, pinned, layout.width * 4, task_facts(cfg.env)) if planned else []
     cfg = probe.apply(cfg, choices)
+    check_budget(cfg)  # after the plan: it may shorten the warm-up (tasks that end episodes early)
     run_dir = Path(cfg.run_dir)
     started = [name for name in RUN_STATE if (run_dir / name).is_dir() and any((run_dir / name).iterdir())]
     if started and not resumed:

@@ -60,6 +60,7 @@ class MetricSeries:
         self.points: dict[str, list[Point]] = {}
         self.events: list[dict[str, Any]] = []
         self.last_seen: dict[str, float] = {}  # service id -> wall_time of its newest metrics
+        self.learners: dict[str, dict[str, Any]] = {}  # learner service id -> its newest metrics
         self.env_steps = 0  # env steps seen by replay, newest
         self.updates = 0  # (critic) gradient updates, newest
         self.listeners: list[Listener] = []
@@ -94,6 +95,7 @@ class MetricSeries:
         if role == "replay":
             self._replay(t, values)
         elif role in LEARNER_ROLES:
+            self.learners[service] = values
             self._learner(service, role, t, values)
         elif role == "sampler" and (ret := _number(values.get("episode_return"))) is not None:
             self.add(f"train_return:{service}", t, ret)

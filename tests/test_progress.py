@@ -180,3 +180,14 @@ def test_time_left_does_not_jump_and_is_never_shown_past_the_budget(tmp_path: Pa
     assert p.summary()["remaining"] == 0.0
     assert p.line().endswith("| left finishing")
     p.close()
+
+
+def test_compile_state_in_words() -> None:
+    from common.compile_state import compile_state
+    assert compile_state({"compiling": 1.0, "compile_cold": 0.0, "compile_expected_s": 4.2,
+                          "compile_elapsed_s": 1.0}) == "compiling (~4s) 1s"
+    assert compile_state({"compiling": 0.0, "compile_s": 30.6}) == "compiled 31s"
+    assert compile_state({"compiling": 0.0, "compile_s": 30.6, "compile_gain": 1.94}) == "compiled 31s, 1.9x eager"
+    assert compile_state({"compiling": 0.0, "update_hz": 100.0}) == "eager"  # compile failed
+    assert compile_state({"update_hz": 100.0}) == "eager"  # learner.compile=false
+    assert compile_state({"inserted": 5}) == ""

@@ -31,7 +31,9 @@ BUS = [Metrics("learner", {"updates": 400, "update_frame_rate": 25_600.0, "criti
        Metrics("sampler-0", {"env_steps": 1000, "episode_return": -1200.0}),
        EvalResult(3, 1000, 400, -900.0, 50.0, 200.0, 3),
        Event("tune", "more samplers: replay starves", {"num_samplers": 2}),
-       Metrics("learner", {"updates": 1400, "update_frame_rate": 30_000.0, "critic_loss": float("nan")}),
+       Metrics("learner", {"updates": 1400, "update_frame_rate": 30_000.0, "critic_loss": float("nan"),
+                           "compiling": 1.0, "compile_cold": 1.0, "compile_expected_s": 30.0,
+                           "compile_elapsed_s": 12.0}),
        Metrics("replay", {"inserted": 2000, "replay_size": 2000, "insert_stall_s": 0.7, "sample_stall_s": 0.1})]
 
 
@@ -111,6 +113,7 @@ def test_data_endpoints_serve_what_the_bus_carried(tmp_path: Path) -> None:
                 health = {r["service"]: r for r in (await get(s, url + "api/health"))["services"]}
                 assert set(health) == set(ROSTER)
                 assert health["learner"]["restarts"] == 2 and health["learner"]["alive"]
+                assert health["learner"]["note"] == "compiling (cold, ~30s) 12s" and health["replay"]["note"] == ""
                 assert not health["sampler-0"]["alive"] and health["sampler-0"]["heartbeat_age_s"] is None
                 assert health["replay"]["metrics_age_s"] is not None and health["visualizer"]["metrics_age_s"] is None
 

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+from common.compile_state import compile_state
 from common.sparse_stats import combined_flops_ratio
 from proto.messages import EvalResult, Event, Message, Metrics
 from proto.names import LEARNER_ROLES
@@ -160,22 +161,20 @@ class Progress:
                 f"eval {ev} | left {rem}{self.compile_part()}{self.sparse_part()}{self.stall_part()}")
 
     def compile_part(self) -> str:
-        """While a learner compiles its update steps in the background (updating eagerly
-        meanwhile): `` | compiling (cold, ~30s) 12s``; then `` | compiled 31s, 2.1x eager``
-        (the gain once measured); ``""`` without compiled steps (learner.compile=false)."""
+        """`` | compiling (cold, ~30s) 12s`` while a learner compiles its update steps in the
+        background (the longest-running compile), then `` | compiled 31s, 1.8x eager`` (the
+        slowest compile, the smallest gain); ``""`` without compiled steps."""
         learners = [v for role in LEARNER_ROLES for v in self.by_role(role)]
         running = [v for v in learners if v.get("compiling")]
         if running:
-            expected = max(float(v.get("compile_expected_s", 0.0)) for v in running)
-            elapsed = max(float(v.get("compile_elapsed_s", 0.0)) for v in running)
-            how = "cold, " if any(v.get("compile_cold") for v in running) else ""
-            return f" | compiling ({how}~{expected:.0f}s) {elapsed:.0f}s"
-        seconds = [float(v["compile_s"]) for v in learners if "compile_s" in v]
-        if not seconds:
+            return " | " + compile_state(max(running, key=lambda v: float(v.get("compile_elapsed_s", 0.0))))
+        done = [v for v in learners if "compile_s" in v]
+        if not done:
             return ""
-        gains = [float(v["compile_gain"]) for v in learners if "compile_gain" in v]
-        gain = f", {min(gains):.1f}x eager" if gains else ""
-        return f" | compiled {max(seconds):.0f}s{gain}"
+        merged = {"compile_s": max(float(v["compile_s"]) for v in done)}
+        if gains := [float(v["compile_gain"]) for v in done if "compile_gain" in v]:
+            merged["compile_gain"] = min(gains)
+        return " | " + compile_state(merged)
 
     def stall_part(self) -> str:
         """`` | stalled since 20k`` while `stall()` says the run is not learning, else ``""``."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +25,9 @@ def read_roster(run_dir: Path) -> dict[str, dict[str, Any]]:
 
 
 def health_rows(run_dir: Path, last_seen: dict[str, float], wall_time: float,
-                silence_s: float) -> list[dict[str, Any]]:
-    """One row per service: alive, state, restarts, seconds since its last heartbeat and metrics.
+                silence_s: float, notes: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+    """One row per service: alive, state, restarts, seconds since its last heartbeat and
+    metrics, and a note (a learner's: whether its update steps compile, run compiled or eager).
 
     ``last_seen``: service id -> wall_time of its newest metrics; ``silence_s``: heartbeat
     age past which a service counts as dead (the supervisor's liveness window)."""
@@ -43,5 +45,6 @@ def health_rows(run_dir: Path, last_seen: dict[str, float], wall_time: float,
             "alive": info.get("state") in LIVE_STATES and (beat_age is None or beat_age <= silence_s),
             "heartbeat_age_s": beat_age,
             "metrics_age_s": None if seen is None else round(max(wall_time - seen, 0.0), 1),
+            "note": (notes or {}).get(sid, ""),
         })
     return rows

@@ -19,6 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
+from common.compile_state import compile_state
 from common.errors import ConfigError, TransportTimeout
 from common.metric_series import MetricSeries, message_row
 from common.service import Service
@@ -128,8 +129,9 @@ class Visualizer(Service):
     # ------------------------------------------------------------ what the page shows
     def health(self) -> list[dict[str, Any]]:
         sc = self.cfg.supervisor
+        notes = {sid: compile_state(values) for sid, values in self.series.learners.items()}
         return health_rows(self.run_dir, self.series.last_seen, self.wall_time(),
-                           sc.liveness * sc.heartbeat_interval)
+                           sc.liveness * sc.heartbeat_interval, notes)
 
     def video(self) -> dict[str, Any]:
         """The newest recorded episode, and why there is none when there is none."""

@@ -4,7 +4,7 @@
 |---|---|
 | `/` | the page (static/index.html + static/dashboard.js, no build step, nothing fetched from outside) |
 | `/api/series` | every chart point so far: `{"points": {"<chart>:<label>": [[x, y(, std)], ...]}}` |
-| `/api/health` | `{"services": [{service, role, pid, state, restarts, alive, heartbeat_age_s, metrics_age_s}]}` |
+| `/api/health` | `{"services": [{service, role, pid, state, restarts, alive, heartbeat_age_s, metrics_age_s, note}]}` |
 | `/api/events` | `{"events": [metrics.jsonl event rows]}`: restarts, tuning decisions, videos, ... |
 | `/api/video` | `{"url": latest MP4 or null, "note": why there is none}` |
 | `/api/stream` | Server-Sent Events: every `visualizer.push_every` s the new points and events, health, video |

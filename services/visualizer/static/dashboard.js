@@ -122,7 +122,8 @@ function renderHealth(rows) {
   body.replaceChildren(...rows.map(r => {
     const tr = document.createElement("tr");
     tr.dataset.service = r.service;
-    const cells = [r.service, r.role, r.alive ? "● alive" : "✖ dead", r.state, r.pid ?? "-", r.restarts,
+    const state = r.note ? `${r.state} · ${r.note}` : r.state;  // a learner's: compiling / compiled / eager
+    const cells = [r.service, r.role, r.alive ? "● alive" : "✖ dead", state, r.pid ?? "-", r.restarts,
                    age(r.heartbeat_age_s), age(r.metrics_age_s)];
     cells.forEach((v, i) => {
       const td = document.createElement("td");

@@ -281,3 +281,16 @@ def test_learners_update_eagerly_while_compiling_then_switch_to_compiled(tmp_pat
                 await until(lambda: counted(lrn) >= done16 + 4, timeout=30, what="updates at batch 16")
                 assert lrn.compile_metrics(time.monotonic(), counted(lrn))["compiles"] == len(lrn.fast)
     run(body(), timeout=230)
+
+
+def test_a_learner_refuses_a_checkpoint_of_other_networks(tmp_path: Path) -> None:
+    from common.config import to_dict
+
+    async def body() -> None:
+        async with Harness(config(tmp_path)) as h:
+            lrn = h.build(Learner)
+            other = to_dict(config(tmp_path, "td3.hidden=[8,8]"))
+            atomic_save({"config": other, "torch_rng": torch.get_rng_state(), "updates": 0}, lrn.checkpoint_path)
+            with pytest.raises(ConfigError, match=r"td3\.hidden: checkpoint \[8, 8\], this run \[32, 32\]"):
+                lrn.restored()
+    run(body())

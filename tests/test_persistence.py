@@ -443,3 +443,29 @@ def test_resume_accepts_budget_keys_only(tmp_path: Path) -> None:
     (run_dir / "checkpoints").mkdir()
     (run_dir / "checkpoints" / "learner.pt").write_bytes(b"x")
     assert cli(["train", "--run-dir", str(run_dir), "--env", "Pendulum-v1"]) == 2  # holds a run: refused
+
+
+def test_resume_refuses_a_checkpoint_made_for_other_networks(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """A checkpoint's JSON file names what it was made for; a resume with other network
+    settings (an edited config.yaml, a copied checkpoint) stops at start, naming the keys."""
+    import yaml
+
+    from cli.main import main as cli
+    from common.checkpoint_spec import check_made_for, made_for, write_sidecar
+    from common.config import to_dict
+    from common.errors import ConfigError
+    run_dir = tmp_path / "run"
+    checkpoints = run_dir / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    made = config(run_dir, "td3.hidden=[32,32]")
+    write_sidecar(checkpoints / "learner.pt", made)
+    (checkpoints / "learner.pt").write_bytes(b"never read: the JSON beside it refuses it first")
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(config(run_dir, "td3.hidden=[64,64]"))))
+    assert cli(["train", "--resume", str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert "learner.pt was made for other networks" in err
+    assert "td3.hidden: checkpoint [32, 32], this run [64, 64]" in err
+    check_made_for("same", made_for(to_dict(made)), made)  # the settings it was made with pass
+    with pytest.raises(ConfigError, match=r"algo: checkpoint 'td3', this run 'sac'"):
+        check_made_for("learner.pt", made_for(to_dict(made)), config(run_dir, "algo=sac"))

@@ -38,6 +38,7 @@ import torch._dynamo  # noqa: F401
 from common.algorithms.base import ActorPart, CriticPart
 from common.algorithms.build import make_parts
 from common.algorithms.compiled import CompileOptions, check_guards, compile_cache_dir, use_compile_cache
+from common.checkpoint_spec import check_made_for, made_for, write_sidecar
 from common.config import with_learner_setting
 from common.errors import ConfigError
 from common.envs import env_spec
@@ -281,6 +282,7 @@ class LearnerBase(Service):
 
     def checkpoint(self) -> None:
         atomic_save({**self.state(), "torch_rng": torch.get_rng_state()}, self.checkpoint_path)
+        write_sidecar(self.checkpoint_path, self.cfg)
 
     def restored(self) -> dict[str, Any] | None:
         """This learner's own checkpoint, if the run has one (restart after a crash, resume)."""
@@ -288,6 +290,8 @@ class LearnerBase(Service):
         if not path.is_file():
             return None
         state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=False)
+        if isinstance(state.get("config"), dict):
+            check_made_for(str(path), made_for(state["config"]), self.cfg)
         torch.set_rng_state(state["torch_rng"])
         log.info("restoring %s: %d updates, versions %s", path, state["updates"], state.get("versions"))
         return state

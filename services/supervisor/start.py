@@ -12,6 +12,7 @@ from pathlib import Path
 
 import yaml
 
+from common.checkpoint_spec import check_run_checkpoints
 from common.config import Config, check_budget, to_dict
 from common.devices import checked_devices
 from common.envs import env_spec, task_facts
@@ -38,6 +39,8 @@ def start(cfg: Config, pinned: frozenset[str], resumed: bool, quiet: bool) -> in
     if started and not resumed:
         raise ConfigError(f"run directory {str(run_dir)!r} already holds a run ({', '.join(started)}): "
                           f"continue it with --resume {run_dir}, or choose another --run-dir")
+    if resumed:
+        check_run_checkpoints(cfg, run_dir / "checkpoints")  # refuse checkpoints of other networks now
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
     logging.basicConfig(filename=run_dir / "supervisor.log", level=logging.INFO,

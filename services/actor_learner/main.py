@@ -13,7 +13,6 @@ from typing import Any
 
 import zmq
 
-from common.algorithms.base import ActorPart, CriticPart
 from common.config import to_dict
 from common.weights import WeightsFollower, WeightsPublisher, to_state
 from services.learner.base import LOSS_EVERY, LearnerBase
@@ -23,6 +22,7 @@ WAIT_MS = 20  # poll granularity while waiting for critic weights
 
 class ActorLearner(LearnerBase):
     ROLE = "actor_learner"
+    PARTS = ("actor",)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -31,15 +31,6 @@ class ActorLearner(LearnerBase):
 
     def counters(self) -> dict[str, Any]:
         return {"updates": self.actor.updates}
-
-    def trained(self) -> tuple[ActorPart]:
-        return (self.actor,)
-
-    def fresh_parts(self) -> tuple[ActorPart]:
-        return (self.parts(shared=False)[0],)
-
-    def train_with(self, parts: tuple[ActorPart | CriticPart, ...]) -> None:
-        (self.actor,) = parts  # type: ignore[assignment]
 
     async def serve(self) -> None:
         lc = self.cfg.learner

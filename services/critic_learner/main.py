@@ -11,7 +11,6 @@ from typing import Any
 
 import zmq
 
-from common.algorithms.base import ActorPart, CriticPart
 from common.config import to_dict
 from common.weights import WeightsFollower, WeightsPublisher, to_state, weights_message
 from services.learner.base import LOSS_EVERY, LearnerBase
@@ -22,6 +21,7 @@ WAIT_MS = 20  # poll granularity while waiting for actor weights
 
 class CriticLearner(LearnerBase):
     ROLE = "critic_learner"
+    PARTS = ("critic",)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -33,15 +33,6 @@ class CriticLearner(LearnerBase):
 
     def counters(self) -> dict[str, Any]:
         return {"updates": self.critic.updates}
-
-    def trained(self) -> tuple[CriticPart]:
-        return (self.critic,)
-
-    def fresh_parts(self) -> tuple[CriticPart]:
-        return (self.parts(shared=False)[1],)
-
-    def train_with(self, parts: tuple[ActorPart | CriticPart, ...]) -> None:
-        (self.critic,) = parts  # type: ignore[assignment]
 
     async def serve(self) -> None:
         lc = self.cfg.learner

@@ -59,6 +59,8 @@ class LearnerBase(Service):
     """Subclasses build their parts in `__init__` with `parts(shared)`, restore their
     checkpoint at the start of `serve()`, set `ready`, and run their own update loop."""
 
+    PARTS: tuple[str, ...] = ("actor", "critic")  # the attributes holding the parts it trains (both: shared)
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         lc = self.cfg.learner
@@ -97,16 +99,19 @@ class LearnerBase(Service):
                           sparse=self.cfg.sparse, total_updates=self.cfg.total_updates)
 
     def trained(self) -> tuple[ActorPart | CriticPart, ...]:
-        """The parts this learner updates, in `fresh_parts`' order."""
-        raise NotImplementedError
+        """The parts this learner updates (its `PARTS` attributes)."""
+        return tuple(getattr(self, name) for name in self.PARTS)
 
     def fresh_parts(self) -> tuple[ActorPart | CriticPart, ...]:
         """Newly built parts of the same shape as `trained` (the shadows a compile works on)."""
-        raise NotImplementedError
+        actor, critic = self.parts(shared=self.PARTS == ("actor", "critic"))
+        built: dict[str, ActorPart | CriticPart] = {"actor": actor, "critic": critic}
+        return tuple(built[name] for name in self.PARTS)
 
     def train_with(self, parts: tuple[ActorPart | CriticPart, ...]) -> None:
         """Update ``parts`` (which hold the live state) from now on instead of `trained`."""
-        raise NotImplementedError
+        for name, part in zip(self.PARTS, parts):
+            setattr(self, name, part)
 
     def start_compile(self) -> None:
         """Compile the update steps in the background (see the module's doc); the live parts

@@ -9,7 +9,7 @@ import math
 import time
 from typing import Any
 
-from common.algorithms.base import ActorPart, CriticPart, fused_step
+from common.algorithms.base import fused_step
 from common.config import to_dict
 from services.learner.base import LOSS_EVERY, LearnerBase
 
@@ -24,15 +24,6 @@ class Learner(LearnerBase):
 
     def counters(self) -> dict[str, Any]:
         return {"updates": self.updates}
-
-    def trained(self) -> tuple[ActorPart, CriticPart]:
-        return self.actor, self.critic
-
-    def fresh_parts(self) -> tuple[ActorPart, CriticPart]:
-        return self.parts(shared=True)
-
-    def train_with(self, parts: tuple[ActorPart | CriticPart, ...]) -> None:
-        self.actor, self.critic = parts  # type: ignore[assignment]
 
     async def serve(self) -> None:
         pub = self.publisher("actor_weights")

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import needs_cxx
+
 LEARNED = -800.0  # "clearly beats random" (uniform random actions score about -1200)
 REPLAYED = -1000.0  # the best checkpoint on fresh starts: its best evaluation was picked as the maximum of
 # several, so a re-run of it scores lower (-814 over 2 episodes, after a best of about -700, was seen)
@@ -152,6 +154,33 @@ def test_unknown_env_is_refused_by_name(tmp_path: Path) -> None:
                            "--run-dir", str(tmp_path / "r")], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "NoSuchEnv-v9" in proc.stderr
+
+
+@pytest.mark.slow
+@needs_cxx
+@pytest.mark.timeout(200)
+def test_ctrl_c_while_the_steps_compile_stops_at_once_with_a_checkpoint(tmp_path: Path) -> None:
+    """The learner updates eagerly while its steps compile (cold: an empty compile cache); a
+    Ctrl-C then does not wait for the compile to end."""
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "cli", "train", "--run-dir", str(run), *FAST, "--total-steps", "1000000",
+           "learner.compile=true", "learner.compile_cache=run", "learner.mode=fused", "td3.hidden=[256,256]"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        def compiling_and_updating() -> bool | None:
+            rows = [r for r in records(run, "metrics") if r.get("service") == "learner"]
+            return True if rows and rows[-1].get("compiling") and rows[-1].get("updates", 0) > 0 else None
+        wait_for(compiling_and_updating, 90)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, out
+    assert took < 15, f"the stop took {took:.0f} s: it waited for the compile"
+    assert (run / "checkpoints" / "learner.pt").is_file()  # the eager updates' state, saved on the way out
 
 
 @pytest.mark.timeout(200)

@@ -25,7 +25,9 @@ import asyncio
 import hashlib
 import json
 import logging
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +57,36 @@ GAIN_AFTER_S = 5.0  # seconds of compiled updates before their rate is compared 
 TIMES_FILE = "spreeze-compile-times.json"  # in the compile cache: seconds each network's compile took
 
 
+def in_daemon_thread(work: Callable[[], float]) -> asyncio.Future[float]:
+    """Run ``work`` in a daemon thread; its result as a future of the running loop. Not the
+    loop's executor: a process that stops (SIGTERM, Ctrl-C) must not wait for a compile."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[float] = loop.create_future()
+
+    def settle(result: float | None, error: BaseException | None) -> None:
+        if future.done():  # cancelled: nobody waits for it any more
+            return
+        if error is not None:
+            future.set_exception(error)
+        elif result is not None:
+            future.set_result(result)
+
+    def run() -> None:
+        result: float | None = None
+        error: BaseException | None = None
+        try:
+            result = work()
+        except BaseException as exc:  # noqa: BLE001 - handed to the loop, which reports it
+            error = exc
+        try:
+            loop.call_soon_threadsafe(settle, result, error)
+        except RuntimeError:  # the loop closed meanwhile
+            pass
+
+    threading.Thread(target=run, name="compile", daemon=True).start()
+    return future
+
+
 class LearnerBase(Service):
     """Subclasses build their parts in `__init__` with `parts(shared)`, restore their
     checkpoint at the start of `serve()`, set `ready`, and run their own update loop."""
@@ -77,7 +109,7 @@ class LearnerBase(Service):
         self.tasks: list[asyncio.Task[Any]] = []
         self.ready = False  # restored from the run's checkpoint (if any): only then may close() checkpoint
         self.fast: list[Any] = []  # the compiled steps of the parts this learner trains
-        self.compiling: asyncio.Task[float] | None = None  # a compile of `shadows` in a worker thread
+        self.compiling: asyncio.Future[float] | None = None  # a compile of `shadows` in a worker thread
         self.shadows: tuple[ActorPart | CriticPart, ...] = ()  # the parts it compiles
         self.compiling_for = lc.batch_size  # the batch size it compiles for
         self.compile_expected: float = 0.0  # seconds the running compile is expected to take
@@ -146,7 +178,7 @@ class LearnerBase(Service):
         self.shadows, self.compiling_for = shadows, batch_size
         recorded = self.recorded_compile_s()
         self.compile_cold, self.compile_expected = recorded is None, recorded or COLD_COMPILE_S
-        self.compiling = asyncio.create_task(asyncio.to_thread(work))
+        self.compiling = in_daemon_thread(work)
         self.compile_started = (time.monotonic(), self.updates_done())
 
     def swap_compiled(self) -> None:

@@ -427,7 +427,7 @@ class Supervisor:
         while not self.progress.latest and time.monotonic() < deadline:
             await asyncio.sleep(0.1)  # events sent before the bus carries anything may be dropped
         for choice in self.plan:
-            self.emit("plan", f"{choice.key}={choice.value}: {choice.reason}",
+            self.emit("plan", choice.describe(),
                       {"key": choice.key, "value": choice.value})
 
     def read(self) -> Sample | None:

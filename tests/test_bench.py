@@ -331,3 +331,17 @@ def test_bench_e2e_keeps_the_keys_the_user_set(monkeypatch: pytest.MonkeyPatch,
                       "sampler.envs_per_sampler=3")
     assert (cfg.sampler.num_samplers, cfg.sampler.envs_per_sampler) == (2, 3)
     assert "event plan: sampler.num_samplers=" not in capsys.readouterr().out
+
+
+def test_bench_update_refuses_batches_beyond_the_fill_before_starting_anything(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Every batch size is checked up front, not only the first: 4096 x 4 requests do not fit
+    in a 10,000-transition replay (the first, 64 x 4, would)."""
+    started = time.monotonic()
+    assert cli(["bench", "update", "--algo", "td3", "--batch-sizes", "64", "4096", "--fill", "10000",
+                "--out", str(tmp_path / "runs"), "learner.batches_per_request=4"]) == 2
+    assert time.monotonic() - started < 10
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("spreeze bench: error: --algo td3 --batch-sizes 4096 --fill 10000")
+    assert "learner.batch_size x learner.batches_per_request = 16384 exceeds replay.capacity=10000" in line
+    assert not (tmp_path / "runs").exists()

@@ -345,3 +345,24 @@ def test_bench_update_refuses_batches_beyond_the_fill_before_starting_anything(
     assert line.startswith("spreeze bench: error: --algo td3 --batch-sizes 4096 --fill 10000")
     assert "learner.batch_size x learner.batches_per_request = 16384 exceeds replay.capacity=10000" in line
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow  # ~18 s on 2 busy cores, most of it the learner importing torch before it crashes
+@pytest.mark.timeout(120)
+def test_bench_e2e_fails_at_once_with_the_error_of_a_learner_that_cannot_start(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A learner that crashes at start (here: on a corrupt checkpoint it restores) ends the
+    bench within seconds, its last log line in the error, instead of crash-looping until the
+    start-up timeout; no service outlives the command."""
+    checkpoints = tmp_path / "runs" / "r0" / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    (checkpoints / "learner.pt").write_bytes(b"not a checkpoint")
+    started = time.monotonic()
+    assert cli(["bench", "e2e", "--config", "configs/pendulum-smoke.yaml", "--seconds", "2", "--settle", "0",
+                "--out", str(tmp_path / "runs"), "learner.mode=fused", "visualizer.enabled=false"]) == 2
+    took = time.monotonic() - started
+    err = capsys.readouterr().err
+    assert "learner failed (exited with code 1) (its log ends: " in err.splitlines()[0], err
+    assert took < 60, f"took {took:.0f}s"
+    roster = json.loads((tmp_path / "runs" / "r0" / "services.json").read_text())
+    assert not [sid for sid, row in roster.items() if row["pid"] and pid_alive(row["pid"])]

@@ -13,6 +13,11 @@ the supervisor is this process) and transport share (the part of the service's o
 seconds spent encoding, decoding and in socket calls, from the `transport_s` and `cpu_s`
 every service reports with its metrics). Medians over `--repeats`.
 
+The config is planned on this host as `spreeze train` plans it (samplers, envs per sampler,
+batch size, learner placement and threads, from the same hardware probe; keys set in
+--config or as overrides are kept), and the plan is printed as `spreeze train` prints it.
+The tuner does not run: the window measures one setting.
+
     spreeze bench e2e [--config F] [--seconds 30] [--settle 15] [--repeats 1] [--json F] [--out DIR] [key=value ...]
 """
 
@@ -30,11 +35,11 @@ from pathlib import Path
 from typing import Any
 
 from bench.system import BenchFailed, STARTUP_S, add_output_args, measure, rate
-from common.config import Config, load_config
-from common.devices import checked_devices
+from common.config import Config, given_keys, load_config
 from services.supervisor.main import Supervisor
-from services.supervisor.probe import cuda_devices
+from services.supervisor.probe import probe
 from services.supervisor.processes import roster
+from services.supervisor.start import planned
 from services.supervisor.progress import Progress
 
 HUGE = 10 ** 15  # total_steps: never reached
@@ -123,7 +128,7 @@ def run(cfg: Config, seconds: float = 30.0, repeats: int = 1, json_path: str | N
             runs.append(measure_run(run_cfg, seconds, settle))
     result = summarize(cfg, seconds, repeats, runs)
     result["settle"] = settle
-    print(table(result))
+    print(table(result), flush=True)
     if json_path:
         Path(json_path).write_text(json.dumps(result, indent=2))
     return result
@@ -186,7 +191,12 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--seconds and --repeats must be positive, --settle not negative")
     cfg = load_config(args.config, [*args.overrides, f"total_steps={HUGE}",
                                     f"time_limit={args.seconds + 2 * STARTUP_S + 300}"])
-    cfg = checked_devices(cfg, len(cuda_devices()))  # a GPU this host lacks is refused before anything starts
+    hardware = probe()
+    # as `spreeze train` plans: a GPU this host lacks is refused before anything starts
+    cfg, choices = planned(cfg, given_keys(args.config, args.overrides), hardware)
+    print(f"spreeze: hardware: {hardware.describe()}", flush=True)
+    for choice in choices:
+        print(f"event plan: {choice.describe()}", flush=True)
     run(cfg, args.seconds, args.repeats, args.json, args.out, args.settle)
     return 0
 

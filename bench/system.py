@@ -2,17 +2,22 @@
 
 `measure()` runs the real Supervisor (every service a real process on real sockets) with a
 custom roster, waits until `ready` says the measured service is under way (start-up,
-imports and filling excluded), lets it run `seconds` more, then stops it. The supervisor
+imports and filling excluded), lets it run `seconds` more, then stops it. A bench run ends
+soon whatever happens: the first crash of any service ends it with that service's last log
+line (a restarted service's counters would spoil the window anyway), its services get
+BENCH_STOP_GRACE to exit before SIGTERM, then SIGKILL (their process groups: whatever they
+started too), and nothing started outlives `measure()`, even on an error. The supervisor
 writes every metrics record to run_dir/metrics.jsonl with its arrival time; `rate()` reads
 a counter's rate between the first record after start-up and the last one before the stop.
-Nothing of the Supervisor is copied: only its public constructor (`specs=`), `stop()` and
-the `progress` it keeps.
+Nothing of the Supervisor is copied: only its public constructor (`specs=`, `stop_grace=`),
+`stop()`, the `progress` and `children` it keeps, and processes.terminate.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import time
 from collections.abc import Callable
@@ -20,16 +25,20 @@ from pathlib import Path
 from typing import Any
 
 from common.config import Config
+from proto.errors import SpreezeError
 from services.supervisor.main import Supervisor
-from services.supervisor.processes import ServiceSpec
+from services.supervisor.processes import ServiceSpec, terminate
 from services.supervisor.progress import Progress
 
 STARTUP_S = 120.0  # longest wait for the measured service to get going (imports, filling)
 POLL_S = 0.05
+# seconds services have to exit after the window: a bench keeps no final checkpoint or evaluation
+BENCH_STOP_GRACE = 3.0
 
 
-class BenchFailed(RuntimeError):
-    """A measured run did not start, crashed, or reported too little to measure."""
+class BenchFailed(SpreezeError, RuntimeError):
+    """A measured run did not start, crashed, or reported too little to measure (the command
+    line prints it, the failing service's last log line first, and exits 2)."""
 
 
 def measure(cfg: Config, specs: list[ServiceSpec], ready: Callable[[Progress], bool],
@@ -40,7 +49,7 @@ def measure(cfg: Config, specs: list[ServiceSpec], ready: Callable[[Progress], b
     `on_window("start" | "end", supervisor)` is called as the window opens and closes.
 
     cfg.run_dir must exist; cfg.time_limit should leave room for start-up (a safety net)."""
-    sup = Supervisor(cfg, quiet=True, specs=specs)
+    sup = bench_supervisor(cfg, specs)
     window = on_window or (lambda phase, supervisor: None)
 
     async def go() -> tuple[int, float]:
@@ -65,7 +74,10 @@ def measure(cfg: Config, specs: list[ServiceSpec], ready: Callable[[Progress], b
         sup.stop(f"bench window of {seconds:g}s measured")
         return await task, stop_at
 
-    rc, stop_at = asyncio.run(go())
+    try:
+        rc, stop_at = asyncio.run(go())
+    finally:  # after an error in between too (the supervisor's task was cancelled): nothing outlives the bench
+        stop_children(sup)
     run_dir = Path(cfg.run_dir)
     if rc != 0 or sup.failure:
         raise BenchFailed(f"bench run failed: {sup.stop_reason}\n{log_tails(run_dir)}")
@@ -75,6 +87,21 @@ def measure(cfg: Config, specs: list[ServiceSpec], ready: Callable[[Progress], b
         raise BenchFailed(f"a service restarted during the bench run: {restarts[0].get('reason')}\n"
                           f"{log_tails(run_dir)}")
     return rows, stop_at
+
+
+def bench_supervisor(cfg: Config, specs: list[ServiceSpec] | None = None) -> Supervisor:
+    """A quiet Supervisor for a bench run (`specs`: its roster; None: a training run's): no
+    restarts, so the first crash of a service stops the run with that service's last log line
+    (the supervisor's own give-up), and a short stop grace."""
+    sc = dataclasses.replace(cfg.supervisor, max_restarts=0)
+    return Supervisor(dataclasses.replace(cfg, supervisor=sc), quiet=True, specs=specs,
+                      stop_grace=BENCH_STOP_GRACE)
+
+
+def stop_children(sup: Supervisor) -> None:
+    """SIGTERM, then SIGKILL after BENCH_STOP_GRACE, to every service process group the
+    supervisor started that is still there (none after a normal stop)."""
+    terminate([c for c in sup.children.values() if c.proc is not None], BENCH_STOP_GRACE)
 
 
 def rate(rows: list[dict[str, Any]], service: str, key: str, until: float,

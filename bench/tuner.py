@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.system import STARTUP_S, BenchFailed, log_tails
+from bench.system import STARTUP_S, BenchFailed, bench_supervisor, log_tails, stop_children
 from common.config import Config, load_config
 from services.supervisor.main import Supervisor
 from services.supervisor.probe import cpu_seconds, host_cpu
@@ -77,7 +77,7 @@ def train_for(cfg: Config, seconds: float, window: float) -> tuple[list[dict[str
     metrics records, that first update's time (the records' wall_time scale) and the load
     correction over the last `window` seconds."""
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
-    sup = Supervisor(cfg, quiet=True)
+    sup = bench_supervisor(cfg)
 
     async def go() -> tuple[int, float, float]:
         task = asyncio.create_task(sup.run())
@@ -98,7 +98,10 @@ def train_for(cfg: Config, seconds: float, window: float) -> tuple[list[dict[str
         sup.stop(f"bench run of {seconds:g}s done")
         return await task, first, factor
 
-    rc, first, factor = asyncio.run(go())
+    try:
+        rc, first, factor = asyncio.run(go())
+    finally:
+        stop_children(sup)
     if rc != 0:
         raise BenchFailed(f"bench run failed: {sup.stop_reason}\n{log_tails(Path(cfg.run_dir))}")
     rows = [json.loads(line) for line in (Path(cfg.run_dir) / "metrics.jsonl").read_text().splitlines() if line]

@@ -83,6 +83,20 @@ def bench_config(algo: str, batch: int, hidden: tuple[int, ...], threads: int, d
     ])
 
 
+def checked_configs(algos: tuple[str, ...], batch_sizes: tuple[int, ...], hidden: tuple[int, ...], threads: int,
+                    device: str, fill: int, seconds: float, overrides: tuple[str, ...]) -> None:
+    """Build every measurement's config before anything starts, so that a bad one is refused
+    at once (ConfigError) rather than after the measurements and compiles before it; the
+    message names the batch size and --fill (replay.capacity here) besides the config's."""
+    for algo in algos:
+        for batch in batch_sizes:
+            try:
+                bench_config(algo, batch, hidden, threads, device, fill, seconds, Path("."), overrides=overrides)
+            except ConfigError as exc:
+                raise ConfigError(f"--algo {algo} --batch-sizes {batch} --fill {fill} (replay.capacity and "
+                                  f"replay.min_size here): {exc}") from None
+
+
 def system_rate(cfg: Config, seconds: float) -> dict[str, float]:
     """Updates/s of the real fused learner fed by the real replay service."""
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
@@ -280,9 +294,8 @@ def main(argv: list[str] | None = None) -> int:
             or args.repeats <= 0 or args.fill <= 0):
         p.error("--batch-sizes, --hidden, --seconds, --threads, --repeats and --fill must be positive")
     args.device = checked_device("actor_device", args.device, len(cuda_devices()))  # refused before anything starts
-    bench_config(args.algo[0], args.batch_sizes[0], tuple(args.hidden), args.threads, args.device,
-                 max(args.fill, max(args.batch_sizes)), args.seconds, Path("."),
-                 overrides=tuple(args.overrides))  # validate the config
+    checked_configs(tuple(args.algo), tuple(args.batch_sizes), tuple(args.hidden), args.threads, args.device,
+                    max(args.fill, max(args.batch_sizes)), args.seconds, tuple(args.overrides))
     run(tuple(args.algo), tuple(args.batch_sizes), tuple(args.hidden), args.seconds, args.threads,
         args.device, args.repeats, args.fill, args.json, args.out, tuple(args.overrides),
         not args.no_compile_times)

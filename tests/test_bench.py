@@ -19,6 +19,7 @@ import pytest
 
 from bench.system import BenchFailed, rate
 from cli.main import main as cli
+from services.supervisor.probe import Hardware
 from tests.helpers import needs_cxx
 from tests.test_integration import pid_alive
 
@@ -289,3 +290,79 @@ def test_bench_cleans_up_after_a_dead_child() -> None:
         pair.close()
     assert not any(p.is_alive() for p in pair.procs)
     assert not os.path.exists(pair.dir)
+
+
+# ------------------------------------------------------------------ bench e2e plans like spreeze train
+
+SIXTEEN_CORES = Hardware(cores=16, memory_gib=64.0, gpus=(), cxx="g++")
+
+
+def planned_e2e(monkeypatch: pytest.MonkeyPatch, *args: str) -> Any:
+    """The config `bench e2e *args` would measure on a 16-core host without a GPU (nothing runs)."""
+    import bench.e2e
+
+    got = []
+    monkeypatch.setattr(bench.e2e, "probe", lambda: SIXTEEN_CORES)
+    monkeypatch.setattr(bench.e2e, "run", lambda cfg, *rest: got.append(cfg))
+    assert bench.e2e.main(list(args)) == 0
+    return got[0]
+
+
+def test_bench_e2e_plans_the_run_as_train_does(monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    from common.config import given_keys, load_config
+    from services.supervisor.start import planned
+
+    smoke = "configs/pendulum-smoke.yaml"
+    cfg = planned_e2e(monkeypatch, "--config", smoke)
+    train_cfg, choices = planned(load_config(smoke), given_keys(smoke), SIXTEEN_CORES)
+    assert cfg.sampler.num_samplers == train_cfg.sampler.num_samplers > 1  # not 1 sampler on 16 cores
+    assert cfg.sampler.envs_per_sampler == train_cfg.sampler.envs_per_sampler
+    assert (cfg.learner.mode, cfg.learner.threads) == (train_cfg.learner.mode, train_cfg.learner.threads)
+    out = capsys.readouterr().out
+    assert f"spreeze: hardware: {SIXTEEN_CORES.describe()}" in out
+    for choice in choices:
+        assert f"event plan: {choice.describe()}" in out
+
+
+def test_bench_e2e_keeps_the_keys_the_user_set(monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = planned_e2e(monkeypatch, "--config", "configs/pendulum-smoke.yaml", "sampler.num_samplers=2",
+                      "sampler.envs_per_sampler=3")
+    assert (cfg.sampler.num_samplers, cfg.sampler.envs_per_sampler) == (2, 3)
+    assert "event plan: sampler.num_samplers=" not in capsys.readouterr().out
+
+
+def test_bench_update_refuses_batches_beyond_the_fill_before_starting_anything(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Every batch size is checked up front, not only the first: 4096 x 4 requests do not fit
+    in a 10,000-transition replay (the first, 64 x 4, would)."""
+    started = time.monotonic()
+    assert cli(["bench", "update", "--algo", "td3", "--batch-sizes", "64", "4096", "--fill", "10000",
+                "--out", str(tmp_path / "runs"), "learner.batches_per_request=4"]) == 2
+    assert time.monotonic() - started < 10
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("spreeze bench: error: --algo td3 --batch-sizes 4096 --fill 10000")
+    assert "learner.batch_size x learner.batches_per_request = 16384 exceeds replay.capacity=10000" in line
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow  # ~18 s on 2 busy cores, most of it the learner importing torch before it crashes
+@pytest.mark.timeout(120)
+def test_bench_e2e_fails_at_once_with_the_error_of_a_learner_that_cannot_start(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A learner that crashes at start (here: on a corrupt checkpoint it restores) ends the
+    bench within seconds, its last log line in the error, instead of crash-looping until the
+    start-up timeout; no service outlives the command."""
+    checkpoints = tmp_path / "runs" / "r0" / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    (checkpoints / "learner.pt").write_bytes(b"not a checkpoint")
+    started = time.monotonic()
+    assert cli(["bench", "e2e", "--config", "configs/pendulum-smoke.yaml", "--seconds", "2", "--settle", "0",
+                "--out", str(tmp_path / "runs"), "learner.mode=fused", "visualizer.enabled=false"]) == 2
+    took = time.monotonic() - started
+    err = capsys.readouterr().err
+    assert "learner failed (exited with code 1) (its log ends: " in err.splitlines()[0], err
+    assert took < 60, f"took {took:.0f}s"
+    roster = json.loads((tmp_path / "runs" / "r0" / "services.json").read_text())
+    assert not [sid for sid, row in roster.items() if row["pid"] and pid_alive(row["pid"])]

@@ -53,3 +53,15 @@ def test_train_refuses_a_missing_gpu_before_any_service_starts(tmp_path: Path, o
     key, value = override.split("=")
     assert line.startswith("spreeze train: error: ") and f"{key}={value!r}" in line
     assert not run.exists() and "computes on the GPU" not in proc.stdout  # nothing planned, nothing started
+
+
+@pytest.mark.parametrize("command", [["bench", "e2e", "learner.actor_device=cuda:64"],
+                                     ["bench", "update", "--device", "cuda:64"]])
+def test_the_benches_refuse_a_missing_gpu_before_any_service_starts(tmp_path: Path, command: list[str]) -> None:
+    out = tmp_path / "runs"
+    proc = subprocess.run([sys.executable, "-m", "cli", *command, "--out", str(out)], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    [line] = proc.stderr.strip().splitlines()
+    assert line.startswith("spreeze bench: error: ") and "'cuda:64'" in line
+    assert not out.exists()

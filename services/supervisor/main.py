@@ -56,6 +56,7 @@ log = logging.getLogger(__name__)
 
 WATCH_EVERY = 0.2  # seconds between liveness checks
 STOP_GRACE = 20.0  # seconds a service has to exit after a shutdown command
+KILL_GRACE = 5.0  # seconds between SIGTERM and SIGKILL for a service that outstays its stop grace
 GOODBYE_GRACE = 1.0  # seconds for the control loop to take the goodbyes of services that exited cleanly
 LAST_TO_STOP = (EVALUATOR, REPLAY, VISUALIZER)  # the final evaluation reaches disk and dashboard
 PROXY_HWM = 10_000  # metrics messages queued in the proxy before it drops (PUB semantics)
@@ -65,10 +66,14 @@ BUS_WAIT = 5.0  # seconds to wait for the metrics bus to carry a first record be
 
 class Supervisor:
     def __init__(self, cfg: Config, quiet: bool = False, specs: list[ServiceSpec] | None = None,
-                 pinned: frozenset[str] = frozenset(), plan: list[Choice] | None = None) -> None:
+                 pinned: frozenset[str] = frozenset(), plan: list[Choice] | None = None,
+                 stop_grace: float = STOP_GRACE) -> None:
         """`specs`: a custom roster (benchmarks, tests): then nothing is tuned. `pinned`: config
-        keys the user set (the tuner leaves them); `plan`: the start plan's choices, published."""
+        keys the user set (the tuner leaves them); `plan`: the start plan's choices, published.
+        `stop_grace`: seconds each stop group has to exit at the end before SIGTERM (a
+        benchmark, which keeps nothing of its services, gives them less)."""
         self.cfg, self.quiet = cfg, quiet  # only the supervisor changes cfg (apply): new services get it
+        self.stop_grace = stop_grace
         # a custom roster or a hub (it starts no process) is not tuned, and has no plan to publish
         tunable = specs is None and cfg.supervisor.mode != "hub"
         self.plan = (plan or []) if tunable else []
@@ -250,10 +255,12 @@ class Supervisor:
         child.last_error = last_log_line(log_file)
         said = f" (its log ends: {child.last_error})" if child.last_error else ""  # why, in its own words
         if delay is None:
-            self.emit("give_up", f"{sid} failed {self.policy.max_restarts + 1} times within "
+            times = self.policy.max_restarts + 1
+            self.emit("give_up", f"{sid} failed {times} time{'s' if times > 1 else ''} within "
                                  f"{self.policy.window:.0f}s; last: {why}{said}; see {log_file}",
                       {"service": sid, "log": str(log_file), "last_error": child.last_error})
-            self.stop(f"{sid} keeps failing ({why}){said}; see {log_file}", failure=True)
+            fails = "keeps failing" if self.policy.max_restarts else "failed"  # 0: no restart allowed
+            self.stop(f"{sid} {fails} ({why}){said}; see {log_file}", failure=True)
             return
         child.restarts.append(now)
         child.total_restarts += 1
@@ -420,7 +427,7 @@ class Supervisor:
         while not self.progress.latest and time.monotonic() < deadline:
             await asyncio.sleep(0.1)  # events sent before the bus carries anything may be dropped
         for choice in self.plan:
-            self.emit("plan", f"{choice.key}={choice.value}: {choice.reason}",
+            self.emit("plan", choice.describe(),
                       {"key": choice.key, "value": choice.value})
 
     def read(self) -> Sample | None:
@@ -485,10 +492,10 @@ class Supervisor:
                 self.tell(ext.service_id, "shutdown")
             if group is first:
                 self.drain()
-            await self._wait_exit(group, externals, STOP_GRACE)
+            await self._wait_exit(group, externals, self.stop_grace)
             # off the event loop: pings must go on meanwhile, or the services still running
             # (replay, the evaluator) take the supervisor for dead and exit without their last work
-            await asyncio.to_thread(terminate, group, 5.0)
+            await asyncio.to_thread(terminate, group, min(KILL_GRACE, self.stop_grace))
         await self._take_goodbyes(GOODBYE_GRACE)
         await self._drain_metrics(0.5)
         self.write_roster()

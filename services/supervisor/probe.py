@@ -68,6 +68,10 @@ class Choice:
     value: Any
     reason: str
 
+    def describe(self) -> str:
+        """'key=value: reason', as the run's `plan` events and console lines say it."""
+        return f"{self.key}={self.value}: {self.reason}"
+
 
 # ------------------------------------------------------------------ probing
 

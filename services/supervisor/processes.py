@@ -147,11 +147,25 @@ class RestartPolicy:
         return self.backoff * (2 ** len(child.restarts))
 
 
+KILL_WAIT = 5.0  # seconds to reap a process after SIGKILL (one in uninterruptible sleep may take a while)
+
+
+def signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+    """`sig` to a service and to every process it started (env workers, compile workers): it
+    runs in its own session (spawn), so its process group id is its pid."""
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass  # the group is gone already
+
+
 def terminate(children: list[Child], timeout: float) -> None:
-    """SIGTERM, wait up to `timeout`, then SIGKILL whatever is left."""
+    """SIGTERM to each child's process group, wait up to `timeout`, then SIGKILL what is left of
+    the group (the service and whatever it started), so that nothing it started outlives it.
+    Bounded: a process that cannot be reaped KILL_WAIT seconds after SIGKILL is left behind."""
     for child in children:
         if child.alive:
-            child.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+            signal_group(child.proc, signal.SIGTERM)  # type: ignore[arg-type]
     deadline = time.monotonic() + timeout
     for child in children:
         if child.proc is None:
@@ -159,5 +173,9 @@ def terminate(children: list[Child], timeout: float) -> None:
         try:
             child.proc.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            child.proc.kill()
-            child.proc.wait()
+            pass
+        signal_group(child.proc, signal.SIGKILL)  # its helpers too, the service itself if it still runs
+        try:
+            child.proc.wait(KILL_WAIT)
+        except subprocess.TimeoutExpired:
+            pass

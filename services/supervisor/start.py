@@ -26,14 +26,8 @@ RUN_STATE = ("checkpoints", "replay")  # what a started run leaves in its run di
 def start(cfg: Config, pinned: frozenset[str], resumed: bool, quiet: bool) -> int:
     """Train until the budget is spent (0) or the run fails (1). `pinned`: config keys the
     user set (the plan and the tuner keep them); a resumed run keeps its saved config."""
-    layout, _, _ = env_spec(cfg.env)  # refuse unknown or discrete-action envs before anything starts
     hardware = probe.probe()
-    if cfg.supervisor.mode != "hub":  # hub: the learners run elsewhere (containers), on their hosts' devices
-        cfg = checked_devices(cfg, len(hardware.gpus))  # before the plan: it must not plan on a missing GPU
-    planned = cfg.supervisor.auto and not resumed
-    choices = probe.plan(hardware, cfg, pinned, layout.width * 4, task_facts(cfg.env)) if planned else []
-    cfg = probe.apply(cfg, choices)
-    check_budget(cfg)  # after the plan: it may shorten the warm-up (tasks that end episodes early)
+    cfg, choices = planned(cfg, pinned, hardware, resumed)
     run_dir = Path(cfg.run_dir)
     started = [name for name in RUN_STATE if (run_dir / name).is_dir() and any((run_dir / name).iterdir())]
     if started and not resumed:
@@ -52,3 +46,18 @@ def start(cfg: Config, pinned: frozenset[str], resumed: bool, quiet: bool) -> in
     logging.getLogger(__name__).info("hardware: %s; pinned by the user: %s", hardware.describe(),
                                      ", ".join(sorted(pinned)) or "nothing")
     return asyncio.run(Supervisor(cfg, quiet=quiet, pinned=pinned, plan=choices).run())
+
+
+def planned(cfg: Config, pinned: frozenset[str], hardware: probe.Hardware, resumed: bool = False
+            ) -> tuple[Config, list[probe.Choice]]:
+    """The config a run starts with on `hardware` and the plan's choices (none for a resumed
+    run or with supervisor.auto off; `pinned` keys are kept), checked: env, learner devices,
+    budget. `spreeze train` and `spreeze bench e2e` start from it."""
+    layout, _, _ = env_spec(cfg.env)  # refuse unknown or discrete-action envs before anything starts
+    if cfg.supervisor.mode != "hub":  # hub: the learners run elsewhere (containers), on their hosts' devices
+        cfg = checked_devices(cfg, len(hardware.gpus))  # before the plan: it must not plan on a missing GPU
+    auto = cfg.supervisor.auto and not resumed
+    choices = probe.plan(hardware, cfg, pinned, layout.width * 4, task_facts(cfg.env)) if auto else []
+    cfg = probe.apply(cfg, choices)
+    check_budget(cfg)  # after the plan: it may shorten the warm-up (tasks that end episodes early)
+    return cfg, choices

@@ -75,10 +75,11 @@ def main(argv: list[str] | None = None) -> int:
         cache = base / f"s{seed}-compile-cache"
         for variant in variants:
             run_dir = base / (f"s{seed}-{variant}" if variant else f"s{seed}")
-            for earlier in [run_dir, cache] if variant == "cold" else [run_dir]:
-                if earlier.exists():
-                    print(f"replacing the earlier {earlier.name} of this command in {earlier}", flush=True)
-                    shutil.rmtree(earlier)
+            if run_dir.exists():
+                print(f"replacing the earlier run of this command in {run_dir}", flush=True)
+                shutil.rmtree(run_dir)
+            if variant == "cold" and cache.exists():
+                shutil.rmtree(cache)  # the cold run starts with an empty compile cache
             overrides = [*args.overrides, f"learner.compile_cache={cache}"] if variant else args.overrides
             try:
                 result = run_seed(args.env, args.algo, seed, args.total_steps, run_dir, args.config, overrides)

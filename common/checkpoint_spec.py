@@ -1,8 +1,8 @@
 """What a learner checkpoint was made for, so that a run refuses one it cannot load.
 
-A learner writes, beside each checkpoint (checkpoints/<role>.pt), a small JSON file of the
-settings that fix the networks' shapes and meaning: env, algorithm, the algorithm's section
-and the sparse section. `spreeze train --resume` compares them with the run's config
+A learner writes, beside each checkpoint (checkpoints/<role>.pt), a small JSON file
+(<role>.made-for.json) of the settings that fix the networks' shapes and meaning: env,
+algorithm, the algorithm's section and the sparse section. `spreeze train --resume` compares them with the run's config
 before anything starts (no torch needed), and a learner compares the config saved inside a
 checkpoint before loading it; either names every differing key in one ConfigError instead
 of failing deep inside a state-dict load.
@@ -25,13 +25,16 @@ def made_for(config: dict[str, Any]) -> dict[str, Any]:
             "sparse": config.get("sparse")}
 
 
+SIDECAR = ".made-for.json"
+
+
 def sidecar(checkpoint: Path) -> Path:
     """The JSON file beside a checkpoint that says what it was made for."""
-    return checkpoint.with_suffix(".json")
+    return checkpoint.with_name(checkpoint.stem + SIDECAR)
 
 
 def write_sidecar(checkpoint: Path, cfg: Config) -> None:
-    tmp = checkpoint.with_name(f".{checkpoint.stem}.json.tmp")
+    tmp = checkpoint.with_name(f".{checkpoint.stem}{SIDECAR}.tmp")
     tmp.write_text(json.dumps(made_for(to_dict(cfg)), sort_keys=True))
     tmp.replace(sidecar(checkpoint))
 
@@ -57,11 +60,11 @@ def check_made_for(what: str, saved: dict[str, Any], cfg: Config) -> None:
 
 def check_run_checkpoints(cfg: Config, checkpoints: Path) -> None:
     """Before a resumed run starts: every learner checkpoint's JSON file against ``cfg``."""
-    for path in sorted(checkpoints.glob("*.json")):
+    for path in sorted(checkpoints.glob(f"*{SIDECAR}")):
         try:
             saved = json.loads(path.read_text())
         except (OSError, ValueError) as exc:
             raise ConfigError(f"{path} cannot be read: {exc}") from None
         if not isinstance(saved, dict):
             raise ConfigError(f"{path} is not a JSON object")
-        check_made_for(str(path.with_suffix(".pt")), saved, cfg)
+        check_made_for(str(path.with_name(path.name.removesuffix(SIDECAR) + ".pt")), saved, cfg)

@@ -95,7 +95,8 @@ def test_fused_learner_updates_publishes_and_caches_weights(tmp_path: Path) -> N
             saved = torch.load(ckpt / "learner.pt", weights_only=False)
             assert saved["updates"] == 9 and saved["env_steps"] == 64
             assert saved["config"]["learner"]["prefetch"] == 1 and {"actor", "critic"} <= set(saved)
-            assert sorted(p.name for p in ckpt.iterdir()) == ["learner.json", "learner.pt"]  # no temporary file left
+            # no temporary file left
+            assert sorted(p.name for p in ckpt.iterdir()) == ["learner.made-for.json", "learner.pt"]
     run(body())
 
 

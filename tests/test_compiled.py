@@ -6,6 +6,8 @@ kernels land in a per-module cache directory, so each graph compiles once per se
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -28,6 +30,20 @@ ATOL = 2e-4  # Adam turns rounding differences in near-zero gradients into lr-si
 @pytest.fixture(scope="module", autouse=True)
 def _cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     use_compile_cache(tmp_path_factory.mktemp("compile-cache"))
+
+
+def test_compile_cache_is_the_setting_unless_the_user_set_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    from common.algorithms.compiled import CACHE_ENV
+
+    monkeypatch.setenv(CACHE_ENV, default_cache_dir())  # what importing torch._dynamo leaves there
+    assert use_compile_cache(tmp_path / "setting") == tmp_path / "setting" and (tmp_path / "setting").is_dir()
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "users"))
+    assert use_compile_cache(tmp_path / "setting") == tmp_path / "users"
+    assert os.environ[CACHE_ENV] == str(tmp_path / "users")
 
 
 @pytest.fixture(autouse=True)

@@ -74,8 +74,17 @@ def compile_cache_dir(setting: str, run_dir: str | Path) -> Path:
 
 def use_compile_cache(path: str | Path) -> Path:
     """Point inductor's on-disk caches (kernels, FX graphs) at ``path``, unless the user set
-    TORCHINDUCTOR_CACHE_DIR. Call before the first compile; a second run starts warm."""
-    chosen = Path(os.environ.setdefault(CACHE_ENV, str(Path(path).expanduser())))
+    TORCHINDUCTOR_CACHE_DIR. Call before the first compile; a second run starts warm.
+
+    Importing torch._dynamo sets that variable to inductor's default (/tmp/torchinductor_USER):
+    that value is not the user's choice, so it gives way to ``path`` (a container's /tmp is gone
+    after `docker compose down`; ``path`` may be in a volume)."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    given = os.environ.get(CACHE_ENV)
+    if given is None or os.path.abspath(given) == os.path.abspath(default_cache_dir()):
+        os.environ[CACHE_ENV] = str(Path(path).expanduser())
+    chosen = Path(os.environ[CACHE_ENV])
     chosen.mkdir(parents=True, exist_ok=True)
     import torch._inductor.config as inductor_config
     inductor_config.fx_graph_cache = True

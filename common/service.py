@@ -122,6 +122,10 @@ class Service:
     def health_state(self) -> str:
         return "stopping" if self.stopping.is_set() else "paused" if self.paused else "running"
 
+    def health_detail(self) -> str:
+        """What `spreeze health` shows after the state ("" = nothing)."""
+        return ""
+
     def publish(self, values: dict[str, Any]) -> None:
         """Metrics are best effort: a full PUB queue drops them. Every record also carries the
         process's CPU seconds, the seconds of it spent in transport (codec and sockets) and the
@@ -249,7 +253,7 @@ async def _main(cls: type[Service]) -> None:
     loop.add_signal_handler(signal.SIGTERM, svc.stopping.set)
     jobs = [svc.serve(), svc.heartbeats(), svc.control_loop()]
     if os.environ.get(ENV_HEALTH):
-        jobs.append(serve_health(ctx, os.environ[ENV_HEALTH], encoder, svc.health_state))
+        jobs.append(serve_health(ctx, os.environ[ENV_HEALTH], encoder, svc.health_state, svc.health_detail))
     tasks = [asyncio.create_task(t) for t in jobs]
     stop = asyncio.create_task(svc.stopping.wait())
     done, _ = await asyncio.wait([*tasks, stop], return_when=asyncio.FIRST_COMPLETED)

@@ -32,6 +32,20 @@ def _cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     use_compile_cache(tmp_path_factory.mktemp("compile-cache"))
 
 
+def test_compile_cache_is_the_setting_unless_the_user_set_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    from common.algorithms.compiled import CACHE_ENV
+
+    monkeypatch.setenv(CACHE_ENV, default_cache_dir())  # what importing torch._dynamo leaves there
+    assert use_compile_cache(tmp_path / "setting") == tmp_path / "setting" and (tmp_path / "setting").is_dir()
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "users"))
+    assert use_compile_cache(tmp_path / "setting") == tmp_path / "users"
+    assert os.environ[CACHE_ENV] == str(tmp_path / "users")
+
+
 @pytest.fixture(autouse=True)
 def _fresh_dynamo() -> None:
     # Each part's step is its own closure of one code object; dynamo keeps at most
@@ -234,13 +248,3 @@ def test_guards_off_after_compile_still_agree_with_eager_across_batch_sizes(algo
     _assert_close(_tensors(*eager), _tensors(*fast))
     assert _compiles(*fast) == [2, 2]  # one graph per batch size, none made with guards off
 
-
-def test_the_compile_cache_setting_wins_over_the_default_torch_sets_but_not_over_the_users(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`import torch._dynamo` puts torch's default folder into TORCHINDUCTOR_CACHE_DIR; that
-    must not hide learner.compile_cache, while a folder the user exported must win."""
-    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
-    assert use_compile_cache(tmp_path / "ours") == tmp_path / "ours" and (tmp_path / "ours").is_dir()
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "users"))
-    assert use_compile_cache(tmp_path / "ours") == tmp_path / "users"

@@ -88,6 +88,17 @@ def test_dockerfiles_lint_clean() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+def test_images_build_in_one_stage_and_hold_the_compiler() -> None:
+    """One FROM: the classic builder (Docker 20.10, Compose 1.29) leaves every other stage behind as a
+    dangling image. g++ and the Python headers in both images and in the offline base: without them
+    the plan turns learner.compile off and the learners update eagerly."""
+    for name in ("Dockerfile.cpu", "Dockerfile.cuda"):
+        text = (ROOT / "docker" / name).read_text()
+        assert [line for line in text.splitlines() if line.startswith("FROM ")] == ["FROM ${BASE_IMAGE}"], name
+        assert "pkgs+=(g++)" in text and "pkgs+=(python3-dev)" in text, name
+    assert "GL_PACKAGES=(libosmesa6 g++ python3-dev)" in (ROOT / "docker" / "base.sh").read_text()
+
+
 # ------------------------------------------------------------------ the compose services, as local processes
 
 SMALL = {"COMPOSE_PROFILES": "split", "SPREEZE_ACTOR_DEVICE": "cpu", "SPREEZE_CRITIC_DEVICE": "cpu",

@@ -120,15 +120,18 @@ def test_one_socket_serves_ipc_and_tcp_peers(tmp_path: Path) -> None:
 
 def test_health_socket_answers_with_the_state(tmp_path: Path) -> None:
     endpoint = f"ipc://{tmp_path}/health"
-    state = {"now": "running"}
+    state = {"now": "running", "detail": ""}
 
     async def body() -> None:
         ctx = zmq.asyncio.Context()
-        task = asyncio.create_task(serve_health(ctx, endpoint, Encoder("svc"), lambda: state["now"]))
+        task = asyncio.create_task(serve_health(ctx, endpoint, Encoder("svc"), lambda: state["now"],
+                                                lambda: state["detail"]))
         try:
             assert await asyncio.to_thread(probe, endpoint, 5) == (True, "running")
+            state["detail"] = "compiled update steps"  # a learner's addition
+            assert await asyncio.to_thread(probe, endpoint, 5) == (True, "running; compiled update steps")
             state["now"] = "stopping"
-            assert await asyncio.to_thread(probe, endpoint, 5) == (False, "stopping")
+            assert await asyncio.to_thread(probe, endpoint, 5) == (False, "stopping; compiled update steps")
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)

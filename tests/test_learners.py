@@ -79,6 +79,8 @@ def test_fused_learner_updates_publishes_and_caches_weights(tmp_path: Path) -> N
             task = h.start(lrn.serve())
             updates = await settle(lambda: lrn.updates, 9)
             assert updates == 9 and r.limiter.samples == 9 * 32
+            assert lrn.health_detail() == "eager update steps (learner.compile=false)"  # spreeze health says so
+            assert lrn.compile_metrics(time.monotonic(), updates)["compiled"] == 0.0
             newest = (await collect(early, {"actor"}, accept=lambda m: m.version == 4))["actor"]
             assert (newest.version, newest.updates) == (4, 8)  # 9 critic updates, policy delay 2
             assert newest.extras["env_steps"] == 64
@@ -258,6 +260,7 @@ def test_learners_update_eagerly_while_compiling_then_switch_to_compiled(tmp_pat
                 lambda lrn: (lrn.critic if hasattr(lrn, "critic") else lrn.actor).updates)
             await until(lambda: all(counted(lrn) >= 3 for lrn in learners), timeout=60, what="eager updates")
             assert all(lrn.compiling is not None and not lrn.fast for lrn in learners)  # a cold compile runs
+            assert all(lrn.health_detail().startswith("eager update steps while compiling (") for lrn in learners)
             live = [lrn.trained() for lrn in learners]
             await until(lambda: all(lrn.fast for lrn in learners), timeout=200, what="compiled steps in use")
             for lrn, before in zip(learners, live):
@@ -266,6 +269,7 @@ def test_learners_update_eagerly_while_compiling_then_switch_to_compiled(tmp_pat
                 assert all(part.updates >= old.updates for part, old in zip(lrn.trained(), before))
                 m = lrn.compile_metrics(time.monotonic(), counted(lrn))
                 assert m["compiling"] == 0.0 and m["compile_s"] > 0 and m["compiles"] == len(lrn.fast)
+                assert m["compiled"] == 1.0 and lrn.health_detail().startswith("compiled update steps")
                 assert lrn.recorded_compile_s() is not None  # the next run on this cache expects it
             done = [counted(lrn) for lrn in learners]
             await until(lambda: all(counted(lrn) >= n + 6 for lrn, n in zip(learners, done)), timeout=60,

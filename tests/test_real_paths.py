@@ -5,7 +5,7 @@
   HalfCheetah-v5 run, which must evaluate with no service restart, then the README's test
   command, which must pass (what needs the optional parts skips, saying why).
 - `docker compose` with COMPOSE_PROFILES=cpu on images built offline: every container
-  healthy, two evaluation records and checkpoints, two scaled samplers and a sampler
+  healthy, two evaluation records and checkpoints, learners on compiled update steps, two scaled samplers and a sampler
   container outside the project counted in replay's ledger, a SIGKILLed container
   restarted by compose and registered again, and nothing left after `down -v`.
 """
@@ -93,9 +93,14 @@ def all_healthy() -> bool:
     return len(found) == 8 and all(s == "healthy" for s in states.values())
 
 
-def critic_updates() -> int:
+def critic_metric(key: str) -> float:
+    """The critic-learner's newest value of a metric (0 before it reports one)."""
     rows = [r for r in metrics() if r["kind"] == "metrics" and r.get("service") == "critic_learner"]
-    return int(rows[-1].get("updates", 0)) if rows else 0
+    return float(rows[-1].get(key, 0)) if rows else 0.0
+
+
+def critic_updates() -> int:
+    return int(critic_metric("updates"))
 
 
 @pytest.mark.slow
@@ -128,6 +133,10 @@ def test_compose_cpu_profile_on_a_real_engine(images: None) -> None:
         de.wait_for(lambda: critic_updates() > before, 300, "updates after the restart")
 
         de.wait_for(lambda: len([r for r in metrics() if r["kind"] == "eval"]) >= 2, 600, "two evaluations")
+        # the image holds g++ and the Python headers: the plan keeps learner.compile on, the learners compile
+        de.wait_for(lambda: critic_metric("compiled") == 1.0, 600, "compiled update steps in the critic-learner")
+        health = de.compose("exec", "-T", "critic_learner_cpu", "spreeze", "health", env=COMPOSE_ENV).stdout
+        assert "running; compiled update steps" in health, health
         listing = de.sh("docker", "run", "--rm", "-v", f"{de.PROJECT}_runs:/v:ro", "--entrypoint", "ls",
                         de.CPU_IMAGE, f"/v/{RUN}/checkpoints").stdout.split()
         assert {"best.pt", "latest.pt"} <= set(listing), listing

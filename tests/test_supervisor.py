@@ -302,3 +302,22 @@ def test_ledger_adds_up_a_restarted_samplers_incarnations() -> None:
     assert line == "ledger: made = stored for 1 sampler(s), 500 env steps"
     _, lost = ledger.record({**replay, "ledger/sampler-0/inserted": 420})
     assert lost == "ledger: not stored: sampler-0 made 500, stored 420"
+
+
+def test_a_hub_prints_and_records_the_plan_that_turned_compile_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """A hub (compose, Swarm) starts no process, but the config it hands out was planned: its
+    plan lines say why the learners update eagerly, on the console and in metrics.jsonl."""
+    from services.supervisor import main, probe, start
+
+    monkeypatch.setattr(probe, "probe", lambda: probe.Hardware(cores=2, memory_gib=4.0))  # no C++ compiler
+    monkeypatch.setattr(main, "BUS_WAIT", 0.5)  # no service publishes here: announce once the bus is up
+    cfg = run_config(tmp_path, "supervisor.mode=hub", "learner.compile=true", "time_limit=1.5")
+    assert start.start(cfg, frozenset(), resumed=False, quiet=False) == 0
+    out = capsys.readouterr().out
+    assert "event plan: learner.compile=False: no C++ compiler or Python headers" in out, out
+    assert "apt-get install g++ python3-dev" in out
+    assert "sampler.num_samplers" not in out  # a hub starts no sampler: that choice is not its to announce
+    plans = {e["key"]: e["value"] for e in records(Path(cfg.run_dir) / "metrics.jsonl", "event")
+             if e["event"] == "plan"}
+    assert plans["learner.compile"] is False and "learner.threads" in plans

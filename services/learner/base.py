@@ -15,8 +15,9 @@ C++ compiler, an unsupported op) leaves the eager updates in place. Compiled ker
 cached on disk (`learner.compile_cache`, a per-user directory by default), so a second run
 on the machine compiles in a fraction of the time; the cache also remembers how long each
 network's compile took, which the progress line shows as the expected wait. The metrics
-carry `compiling` (1 while a compile runs), `compile_expected_s`, `compile_s`, `compiles`
-and, once the compiled steps have run a while, `compile_gain` (compiled over eager updates/s).
+carry `compiled` (1 once the compiled steps train), `compiling` (1 while a compile runs),
+`compile_expected_s`, `compile_s`, `compiles` and, once the compiled steps have run a while,
+`compile_gain` (compiled over eager updates/s); `spreeze health` says compiled or eager, and why.
 """
 
 from __future__ import annotations
@@ -119,6 +120,7 @@ class LearnerBase(Service):
         self.compile_started: tuple[float, int] = (0.0, 0)  # (time, updates) when the running compile began
         self.gain_from: tuple[float, int] | None = None  # (time, updates) at the swap to compiled steps
         self.compile_gain: float | None = None  # compiled over eager updates/s, once measured
+        self.compile_error = ""  # why the last compile failed ("" = it did not)
 
     def device_name(self) -> str:
         """This learner's torch device (the fused learner and the actor-learner: the actor's)."""
@@ -192,7 +194,9 @@ class LearnerBase(Service):
             seconds = task.result()
         except Exception as exc:  # noqa: BLE001 - any compiler failure: train eagerly instead
             log.warning("compiling the update steps failed, updating eagerly: %s: %s", type(exc).__name__, exc)
+            self.compile_error = type(exc).__name__
             return
+        self.compile_error = ""
         for live, shadow in zip(self.trained(), shadows):
             shadow.load(live.save())  # rebinds the compiled step's optimizer state too
         self.train_with(shadows)
@@ -243,10 +247,26 @@ class LearnerBase(Service):
         except OSError as exc:
             log.info("could not record the compile time in %s: %s", self.compile_times, exc)
 
+    def health_detail(self) -> str:
+        """Whether the updates run compiled, for `spreeze health` (a container's eager learner
+        trains at about half the speed: worth seeing without reading its log)."""
+        if self.fast:
+            gain = f", {self.compile_gain:.1f}x eager" if self.compile_gain is not None else ""
+            return f"compiled update steps{gain}"
+        if self.compiling is not None:
+            return (f"eager update steps while compiling ({time.monotonic() - self.compile_started[0]:.0f}s "
+                    f"of ~{self.compile_expected:.0f}s)")
+        if not self.cfg.learner.compile:
+            return "eager update steps (learner.compile=false)"
+        if self.compile_error:
+            return f"eager update steps (the compile failed: {self.compile_error}; see the learner's log)"
+        return "eager update steps (not compiled yet)"
+
     def compile_metrics(self, now: float, updates: int) -> dict[str, float]:
-        """Whether a compile runs (and how long it should take), the seconds spent compiling
-        (and capturing) the steps in use, their graph count, and what they gained over eager."""
-        out: dict[str, float] = {}
+        """Whether the steps run compiled and whether a compile runs (and how long it should take),
+        the seconds spent compiling (and capturing) the steps in use, their graph count, and what
+        they gained over eager."""
+        out: dict[str, float] = {"compiled": float(bool(self.fast))}
         if self.compiling is not None:
             out.update(compiling=1.0, compile_cold=float(self.compile_cold), compile_expected_s=self.compile_expected,
                        compile_elapsed_s=now - self.compile_started[0])

@@ -61,6 +61,7 @@ GOODBYE_GRACE = 1.0  # seconds for the control loop to take the goodbyes of serv
 LAST_TO_STOP = (EVALUATOR, REPLAY, VISUALIZER)  # the final evaluation reaches disk and dashboard
 PROXY_HWM = 10_000  # metrics messages queued in the proxy before it drops (PUB semantics)
 INTERRUPTED = 128 + signal.SIGINT  # exit status of a run stopped by Ctrl-C, as a shell reports one
+HUB_IGNORES = frozenset({"sampler.num_samplers"})  # plan keys a hub does not act on (it starts no sampler)
 BUS_WAIT = 5.0  # seconds to wait for the metrics bus to carry a first record before publishing the plan
 
 
@@ -74,9 +75,11 @@ class Supervisor:
         benchmark, which keeps nothing of its services, gives them less)."""
         self.cfg, self.quiet = cfg, quiet  # only the supervisor changes cfg (apply): new services get it
         self.stop_grace = stop_grace
-        # a custom roster or a hub (it starts no process) is not tuned, and has no plan to publish
-        tunable = specs is None and cfg.supervisor.mode != "hub"
-        self.plan = (plan or []) if tunable else []
+        # a custom roster or a hub (it starts no process) is not tuned; a hub still publishes the
+        # plan that shaped the config it hands out (why its learners compile or not, their batch)
+        hub = cfg.supervisor.mode == "hub"
+        tunable = specs is None and not hub
+        self.plan = [c for c in plan or [] if not (hub and c.key in HUB_IGNORES)] if specs is None else []
         self.tuning = TuningLoop(self, cfg, pinned) if tunable and cfg.supervisor.tune else None
         self.run_dir = Path(cfg.run_dir)
         self.progress = Progress(self.run_dir / "metrics.jsonl", cfg.total_steps, cfg.time_limit)

@@ -321,3 +321,16 @@ def test_a_hub_prints_and_records_the_plan_that_turned_compile_off(tmp_path: Pat
     plans = {e["key"]: e["value"] for e in records(Path(cfg.run_dir) / "metrics.jsonl", "event")
              if e["event"] == "plan"}
     assert plans["learner.compile"] is False and "learner.threads" in plans
+
+
+def test_a_learner_that_updated_is_not_called_idle_for_lack_of_a_metrics_message(tmp_path: Path) -> None:
+    """A short run's learner may exit before its first metrics message: the counters of its
+    heartbeats (the last one sent as it exits) count too."""
+    sup = Supervisor(config(tmp_path, "learner.mode=fused"))
+    sup.stop_reason = "budget of 1,200 env steps reached"
+    sup.progress.take(Metrics("replay", {"inserted": 1200}))
+    assert sup.no_update() == ("the learner made no update (it did not report one); "
+                               f"see {tmp_path / 'logs' / 'learner.log'}")
+    sup.children["learner"].counters = {"updates": 428}
+    assert sup.no_update() is None
+    sup.progress.close()

@@ -180,7 +180,11 @@ class Supervisor:
         (with the reason where known); None when it made one, was stopped by a signal or
         failed already, or is not one of this supervisor's children."""
         learner = self.children.get(self.learner_id)
-        if learner is None or self.failure or self.progress.updates > 0 or self.stop_reason.startswith("signal"):
+        if learner is None or self.failure or self.stop_reason.startswith("signal"):
+            return None
+        # its metrics (about once a second) or its heartbeats' counters, the last sent as it exits:
+        # a short run's learner may stop before its first metrics message
+        if self.progress.updates > 0 or int(learner.counters.get("updates", 0)) > 0:
             return None
         inserted = int(max((float(v.get("inserted", 0)) for v in self.progress.by_role(REPLAY)), default=0))
         if learner.last_error:

@@ -21,7 +21,9 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import zmq
@@ -285,4 +287,29 @@ def run_service(cls: type[Service]) -> None:
         asyncio.run(_main(cls))
     except Exception:
         log.exception("%s crashed", cls.ROLE)
-        sys.exit(1)
+        leave(1)
+    leave(0)
+
+
+ABANDONED: list[threading.Thread] = []  # daemon threads a stopping service need not wait for
+
+
+def abandonable_thread(target: Callable[[], None], name: str) -> threading.Thread:
+    """Start ``target`` in a daemon thread that the process may leave behind when it stops
+    (a learner's background compile): `leave` then exits without joining it."""
+    thread = threading.Thread(target=target, name=name, daemon=True)
+    ABANDONED.append(thread)
+    thread.start()
+    return thread
+
+
+def leave(code: int) -> None:
+    """Exit with ``code``. An abandonable thread still working (a compile stopped mid-way)
+    would make the interpreter's finalisation abort in its native code (SIGABRT), so then
+    the process leaves without finalising, its logs and streams flushed first."""
+    if any(t.is_alive() for t in ABANDONED):
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)

@@ -26,7 +26,6 @@ import asyncio
 import hashlib
 import json
 import logging
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -46,7 +45,7 @@ from common.config import with_learner_setting
 from common.errors import ConfigError
 from common.envs import env_spec
 from common.learner_io import BatchStream, atomic_save, checkpoint_dir, device_of
-from common.service import Service
+from common.service import Service, abandonable_thread
 from common.weights import WeightsPublisher, weights_message
 
 log = logging.getLogger(__name__)
@@ -84,7 +83,7 @@ def in_daemon_thread(work: Callable[[], float]) -> asyncio.Future[float]:
         except RuntimeError:  # the loop closed meanwhile
             pass
 
-    threading.Thread(target=run, name="compile", daemon=True).start()
+    abandonable_thread(run, "compile")
     return future
 
 

@@ -19,11 +19,11 @@ import msgpack
 import numpy as np
 import zmq
 
-from proto.codec import PROTOCOL_VERSION, Encoder
-from proto.conformance.report import Abort, Report
-from proto.conformance.wire import Got, Sock, endpoints_beside
-from proto.messages import (Control, ControlReply, Error, Experience, ExperienceAck, Heartbeat, Metrics, Register,
-                            SampledBatch, SampleRequest, TransitionLayout, Welcome, to_frames)
+from spreeze.proto.codec import PROTOCOL_VERSION, Encoder
+from spreeze.proto.conformance.report import Abort, Report
+from spreeze.proto.conformance.wire import Got, Sock, endpoints_beside
+from spreeze.proto.messages import (Control, ControlReply, Error, Experience, ExperienceAck, Heartbeat, Metrics,
+                                    Register, SampledBatch, SampleRequest, TransitionLayout, Welcome, to_frames)
 
 HEARTBEAT = 0.2  # seconds between heartbeats the kit asks for
 LAYOUT = TransitionLayout(3, 1)  # Pendulum-v1, the env the kit's welcome names

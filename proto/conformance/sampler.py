@@ -16,11 +16,11 @@ from typing import Any
 import numpy as np
 import zmq
 
-from proto.codec import Encoder
-from proto.conformance.report import Abort, Report
-from proto.conformance.wire import Got, Sock, endpoints_beside
-from proto.messages import (Control, ControlReply, Experience, ExperienceAck, Heartbeat, Register, TransitionLayout,
-                            Weights, Welcome)
+from spreeze.proto.codec import Encoder
+from spreeze.proto.conformance.report import Abort, Report
+from spreeze.proto.conformance.wire import Got, Sock, endpoints_beside
+from spreeze.proto.messages import (Control, ControlReply, Experience, ExperienceAck, Heartbeat, Register,
+                                    TransitionLayout, Weights, Welcome)
 
 HEARTBEAT = 0.2  # seconds between heartbeats the kit asks for
 LAYOUT = TransitionLayout(3, 1)  # Pendulum-v1: obs 3, action 1 in [-2, 2]

@@ -75,12 +75,13 @@ class Supervisor:
         benchmark, which keeps nothing of its services, gives them less)."""
         self.cfg, self.quiet = cfg, quiet  # only the supervisor changes cfg (apply): new services get it
         self.stop_grace = stop_grace
-        # a custom roster or a hub (it starts no process) is not tuned; a hub still publishes the
-        # plan that shaped the config it hands out (why its learners compile or not, their batch)
+        # a custom roster is not tuned. A hub (compose, Swarm) starts no process, so it neither
+        # announces nor tunes the number of samplers, but it publishes the plan that shaped the
+        # config it hands out and tunes what its `set` commands reach (envs, batches per request)
         hub = cfg.supervisor.mode == "hub"
-        tunable = specs is None and not hub
         self.plan = [c for c in plan or [] if not (hub and c.key in HUB_IGNORES)] if specs is None else []
-        self.tuning = TuningLoop(self, cfg, pinned) if tunable and cfg.supervisor.tune else None
+        tuned_pins = pinned | HUB_IGNORES if hub else pinned
+        self.tuning = TuningLoop(self, cfg, tuned_pins) if specs is None and cfg.supervisor.tune else None
         self.run_dir = Path(cfg.run_dir)
         self.progress = Progress(self.run_dir / "metrics.jsonl", cfg.total_steps, cfg.time_limit)
         self.learner_id = LEARNER if cfg.learner.mode == "fused" else CRITIC_LEARNER  # whose updates count

@@ -144,3 +144,43 @@ def test_spreeze_train_tunes_and_publishes_each_decision(tmp_path: Path) -> None
         assert e["reason"] and e["frame_rate"] > 0 and 0.0 <= e["insert_stall"] <= 1.0
     assert not [e for e in events if e["event"] in ("restart", "give_up")]
     assert "event tune:" in proc.stdout and "event plan:" in proc.stdout
+
+
+@pytest.mark.timeout(300)
+def test_a_hub_sets_envs_and_batches_per_request_in_services_it_did_not_start(tmp_path: Path) -> None:
+    """Compose: the hub starts nothing; replay, learner and sampler register on their own (here
+    real processes started beside it, as compose starts containers) and a tuning setting
+    reaches them by `set` commands."""
+    import subprocess
+    import sys
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    overrides = [*OVERRIDES, "supervisor.mode=hub", "learner.mode=fused", "learner.compile=false",
+                 "learner.own_cores=false"]
+    sup = Supervisor(config(run_dir, *overrides), quiet=True, pinned=given_keys(None, overrides))
+    assert not sup.children
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SPREEZE_CONTROL": sup.endpoints["control"]}
+    procs: list[subprocess.Popen[bytes]] = []
+
+    async def body() -> int:
+        task = asyncio.ensure_future(sup.run())
+        try:
+            for role, sid in (("replay", "replay"), ("learner", "learner"), ("sampler", "sampler-0")):
+                procs.append(subprocess.Popen([sys.executable, "-m", f"spreeze.services.{role}"],
+                                              env={**env, "SPREEZE_SERVICE_ID": sid}, cwd=run_dir))
+            await until(lambda: (newest(sup, "learner", "updates") or 0) > 5, "learner updates")
+            await sup.apply(Setting(samplers=1, envs=3, batch=32, bpr=8))
+            await until(lambda: newest(sup, "sampler-0", "envs") == 3, "3 envs in the sampler")
+            await until(lambda: newest(sup, "learner", "batches_per_request") == 8, "8 batches per request")
+        finally:
+            sup.stop("test done")
+        return await asyncio.wait_for(task, 120)
+
+    try:
+        assert asyncio.run(body()) == 0
+        assert [p.wait(timeout=60) for p in procs] == [0, 0, 0]  # told to stop by the hub, clean exits
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()

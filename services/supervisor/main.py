@@ -477,9 +477,13 @@ class Supervisor:
             self.write_roster()
 
     def set_all(self, roles: tuple[str, ...], key: str, value: Any) -> None:
+        """Tell every running service of `roles` to set `key`: the ones it started and the ones
+        that registered on their own (compose containers, remote samplers)."""
         for child in list(self.children.values()):
             if child.spec.role in roles and child.registered and child.alive:
                 self.tell(child.spec.service_id, "set", key, value)
+        for ext in self.externals.live(roles):
+            self.tell(ext.service_id, "set", key, value)
 
     # ------------------------------------------------------------------ shutdown
     async def shutdown(self) -> None:

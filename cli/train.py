@@ -4,18 +4,14 @@ resumed run's saved config), then the supervisor's start sequence."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import shlex
-import time
 from pathlib import Path
 
+from spreeze.api import RESUMABLE_KEYS, Resolved, resolve
 from spreeze.cli.argtypes import positive_int
 from spreeze.common.algorithms import ALGOS
-from spreeze.common.config import Config, field_docs, given_keys, load_config, parse_override
-from spreeze.common.errors import ConfigError
+from spreeze.common.config import Config, field_docs
 from spreeze.common.sparse_config import NETWORKS
-
-RESUMABLE_KEYS = ("total_steps", "time_limit", "supervisor.listen", "supervisor.keys")  # budget and where it listens
 
 
 def train_arguments(p: argparse.ArgumentParser) -> None:
@@ -49,44 +45,16 @@ def train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (keys listed below)")
 
 
-def train_overrides(args: argparse.Namespace) -> list[str]:
-    """key=value overrides of `spreeze train`, the named flags included."""
-    flags = {"env": args.env, "algo": args.algo, "seed": args.seed, "total_steps": args.total_steps,
-             "time_limit": args.time_limit, "run_dir": args.run_dir, "sparse.network": args.network,
-             "supervisor.listen": args.listen,
-             "supervisor.keys": str(Path(args.keys).resolve()) if args.keys else None}
-    return list(args.overrides) + [f"{k}={v}" for k, v in flags.items() if v is not None]
-
-
-def resume_config(args: argparse.Namespace) -> Config:
-    """RUN_DIR/config.yaml with only budget keys overridden; anything else is refused by name."""
-    run_dir = Path(args.resume).resolve()
-    saved = run_dir / "config.yaml"
-    if not saved.is_file():
-        raise ConfigError(f"--resume {str(run_dir)!r}: no config.yaml there, so it is not a run directory")
-    if args.config is not None:
-        raise ConfigError(f"--config {args.config!r} cannot be used with --resume: the run keeps its config")
-    overrides = train_overrides(args)
-    for text in overrides:
-        key = ".".join(parse_override(text)[0])
-        if key == "run_dir" and Path(str(parse_override(text)[1])).resolve() == run_dir:
-            continue
-        if key not in RESUMABLE_KEYS:
-            raise ConfigError(f"--resume: {key} cannot change when resuming a run (only "
-                              f"{', '.join(RESUMABLE_KEYS)} can); start a new run instead")
-    cfg = load_config(saved, overrides)
-    return dataclasses.replace(cfg, run_dir=str(run_dir))
+def resolved(args: argparse.Namespace) -> Resolved:
+    """The run's config from the command line (the API's resolution: spreeze.api.resolve)."""
+    return resolve(args.config, args.overrides, args.resume, env=args.env, algo=args.algo, seed=args.seed,
+                   total_steps=args.total_steps, time_limit=args.time_limit, run_dir=args.run_dir,
+                   sparse__network=args.network, supervisor__listen=args.listen,
+                   supervisor__keys=str(Path(args.keys).resolve()) if args.keys else None)
 
 
 def train_config(args: argparse.Namespace) -> Config:
-    if args.resume:
-        return resume_config(args)
-    cfg = load_config(args.config, train_overrides(args))
-    if not cfg.run_dir:
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        cfg = dataclasses.replace(cfg, run_dir=f"runs/{cfg.env}-{cfg.algo}-s{cfg.seed}-{stamp}")
-    run_dir = Path(cfg.run_dir).resolve()
-    return dataclasses.replace(cfg, run_dir=str(run_dir))
+    return resolved(args).config
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -95,10 +63,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     from spreeze.services.supervisor.main import INTERRUPTED
     from spreeze.services.supervisor.start import start
 
-    cfg = train_config(args)
+    run = resolved(args)
+    cfg = run.config
     try:
-        status = start(cfg, given_keys(args.config, train_overrides(args)), resumed=bool(args.resume),
-                       quiet=args.quiet)
+        status = start(cfg, run.pinned, resumed=run.resumed, quiet=args.quiet)
     except KeyboardInterrupt:  # Ctrl-C before the supervisor took over the signal
         status = INTERRUPTED
     if status == INTERRUPTED and (Path(cfg.run_dir) / "config.yaml").is_file():

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import gymnasium as gym
 import numpy as np
 
 from spreeze.common.errors import ConfigError
-
 from spreeze.common.numpy_policy import NumpyActor
+
+if TYPE_CHECKING:
+    from spreeze.common.config import Config
 
 
 def run_episodes(env: gym.Env, actor: NumpyActor, episodes: int,
@@ -44,22 +47,30 @@ def checkpoint_path(run_dir: Path, which: str) -> Path:
     return path
 
 
-def evaluate_checkpoint(run_dir: Path, episodes: int, which: str = "best", seed: int = 12_345) -> list[float]:
-    """Returns of `episodes` deterministic episodes of a run's best (or latest) checkpoint."""
+def checkpoint_actor(run_dir: Path, which: str = "best") -> tuple[Config, NumpyActor]:
+    """A run's config and the numpy actor of its best (or latest) checkpoint."""
     path = checkpoint_path(Path(run_dir), which)
-    if episodes < 1:
-        raise ConfigError(f"episodes={episodes}: evaluate at least 1 episode")
     import torch
 
     from spreeze.common.config import from_dict
-    from spreeze.common.envs import make_env
+    from spreeze.common.envs import env_spec
 
     payload = torch.load(path, weights_only=False)
     cfg = from_dict(payload["config"])
+    _, low, high = env_spec(cfg.env)
+    state = {k: v.numpy() for k, v in payload["actor"].items()}
+    return cfg, NumpyActor(state, cfg.algo, low, high)
+
+
+def evaluate_checkpoint(run_dir: Path, episodes: int, which: str = "best", seed: int = 12_345) -> list[float]:
+    """Returns of `episodes` deterministic episodes of a run's best (or latest) checkpoint."""
+    if episodes < 1:
+        raise ConfigError(f"episodes={episodes}: evaluate at least 1 episode")
+    cfg, actor = checkpoint_actor(Path(run_dir), which)
+    from spreeze.common.envs import make_env
+
     env = make_env(cfg.env, seed=seed)
     env.reset(seed=seed)
-    state = {k: v.numpy() for k, v in payload["actor"].items()}
-    actor = NumpyActor(state, cfg.algo, env.action_space.low, env.action_space.high)
     returns, _ = run_episodes(env, actor, episodes)
     env.close()
     return returns

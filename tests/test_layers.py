@@ -1,8 +1,9 @@
 """The layers of DESIGN.md, one way only, checked over every module's imports (lazy ones too).
 
 proto/ imports nothing of the project; common/ imports proto only (and itself); services/
-import spreeze.common and proto, never one another, except that the learner services share
-services/learner/base.py; bench/ and the command line (cli/) sit on top, cli/ above all.
+import common and proto, never one another, except that the learner services share
+services/learner/base.py; bench/ and the Python API (spreeze/api.py) sit on the services,
+the command line (cli/) above all. Nothing below the API imports it.
 No import cycles among the project's modules. `spreeze health` stays light (no torch), and so
 do the services that do not train.
 """
@@ -18,6 +19,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("proto", "common", "services", "bench", "cli")
+API = "spreeze.api"  # spreeze/api.py: the Python API, a layer of its own between services and cli
 LEARNER_SERVICES = ("spreeze.services.learner", "spreeze.services.actor_learner", "spreeze.services.critic_learner")
 LEARNER_BASE = "spreeze.services.learner.base"
 
@@ -31,10 +33,13 @@ def module_name(path: Path) -> str:
 def layer(module: str) -> str:
     """The project package a module belongs to (proto, common, ...), "" outside the project."""
     parts = module.split(".")
+    if module == API or module.startswith(API + "."):
+        return "api"
     return parts[1] if len(parts) > 1 and parts[0] == "spreeze" and parts[1] in PACKAGES else ""
 
 
 MODULES = {module_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
+MODULES[API] = ROOT / "spreeze" / "api.py"
 
 
 def bare_imports(path: Path) -> list[str]:
@@ -83,14 +88,17 @@ def layer_violation(importer: str, imported: str) -> str | None:
         own, other = ".".join(importer.split(".")[:3]), ".".join(imported.split(".")[:3])
         if target == "services" and other != own and not (own in LEARNER_SERVICES and imported == LEARNER_BASE):
             return "services/ never import one another (the learner services share services/learner/base.py)"
-    if top == "bench" and target == "cli":
-        return "bench/ sits below the command line"
+    if top == "bench" and target in ("cli", "api"):
+        return "bench/ sits below the command line and the API"
+    if top == "api" and target not in ("api", "services", "common", "proto"):
+        return "the API imports services/, common/ and proto/ only"
     return None
 
 
 def test_every_package_was_found() -> None:
     assert {"spreeze.proto.codec", "spreeze.proto.messages", "spreeze.common.transport",
-            "spreeze.services.supervisor.main", "spreeze.cli.main", "spreeze.bench.update"} <= set(MODULES)
+            "spreeze.services.supervisor.main", "spreeze.cli.main", "spreeze.bench.update", API} <= set(MODULES)
+    assert API in GRAPH["spreeze.cli.train"]
     assert "spreeze.services.learner.base" in GRAPH["spreeze.services.actor_learner.main"]
 
 
@@ -115,6 +123,10 @@ def test_the_rules_catch_what_they_forbid() -> None:
     assert layer_violation("spreeze.services.actor_learner.main", "spreeze.services.learner.main")
     assert layer_violation("spreeze.services.supervisor.main", "spreeze.cli.main")
     assert layer_violation("spreeze.bench.update", "spreeze.cli.main")
+    assert layer_violation("spreeze.common.evaluation", "spreeze.api")
+    assert layer_violation("spreeze.services.supervisor.start", "spreeze.api")
+    assert layer_violation("spreeze.api", "spreeze.cli.train")
+    assert layer_violation("spreeze.cli.train", "spreeze.api") is None
     assert layer_violation("spreeze.services.critic_learner.main", "spreeze.services.learner.base") is None
     assert layer_violation("spreeze.cli.train", "spreeze.services.supervisor.start") is None
     assert layer_violation("spreeze.bench.update", "spreeze.services.supervisor.main") is None

@@ -28,13 +28,8 @@ def start(cfg: Config, pinned: frozenset[str], resumed: bool, quiet: bool) -> in
     user set (the plan and the tuner keep them); a resumed run keeps its saved config."""
     hardware = probe.probe()
     cfg, choices = planned(cfg, pinned, hardware, resumed)
+    check_run_dir(cfg, resumed)
     run_dir = Path(cfg.run_dir)
-    started = [name for name in RUN_STATE if (run_dir / name).is_dir() and any((run_dir / name).iterdir())]
-    if started and not resumed:
-        raise ConfigError(f"run directory {str(run_dir)!r} already holds a run ({', '.join(started)}): "
-                          f"continue it with --resume {run_dir}, or choose another --run-dir")
-    if resumed:
-        check_run_checkpoints(cfg, run_dir / "checkpoints")  # refuse checkpoints of other networks now
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
     logging.basicConfig(filename=run_dir / "supervisor.log", level=logging.INFO,
@@ -46,6 +41,18 @@ def start(cfg: Config, pinned: frozenset[str], resumed: bool, quiet: bool) -> in
     logging.getLogger(__name__).info("hardware: %s; pinned by the user: %s", hardware.describe(),
                                      ", ".join(sorted(pinned)) or "nothing")
     return asyncio.run(Supervisor(cfg, quiet=quiet, pinned=pinned, plan=choices).run())
+
+
+def check_run_dir(cfg: Config, resumed: bool) -> None:
+    """A new run needs a run directory that holds no run; a resumed one, checkpoints made for
+    its networks. ConfigError saying which and what to do."""
+    run_dir = Path(cfg.run_dir)
+    started = [name for name in RUN_STATE if (run_dir / name).is_dir() and any((run_dir / name).iterdir())]
+    if started and not resumed:
+        raise ConfigError(f"run directory {str(run_dir)!r} already holds a run ({', '.join(started)}): "
+                          f"continue it with --resume {run_dir}, or choose another --run-dir")
+    if resumed:
+        check_run_checkpoints(cfg, run_dir / "checkpoints")  # refuse checkpoints of other networks now
 
 
 def planned(cfg: Config, pinned: frozenset[str], hardware: probe.Hardware, resumed: bool = False

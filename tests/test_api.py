@@ -1,0 +1,82 @@
+"""The Python API end to end: spreeze.train runs real services, spreeze.load acts without them."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import spreeze
+from spreeze.common.errors import ConfigError
+from spreeze.common.evaluation import evaluate_checkpoint
+
+SHORT = {"replay": {"min_size": 500}, "sampler": {"warmup_steps": 500}, "learner": {"compile": False},
+         "eval": {"every_updates": 500, "episodes": 2, "video_every": 0}}
+
+
+@pytest.mark.timeout(240)
+def test_train_load_predict_matches_spreeze_eval(tmp_path: Path) -> None:
+    run = spreeze.train(env="Pendulum-v1", algo="td3", total_steps=2_500, run_dir=tmp_path / "p", config=SHORT,
+                        overrides=["td3.hidden=[32, 32]"], seed=3)
+    assert run.returncode == 0 and not run.running
+    assert run.config.td3.hidden == (32, 32) and run.config.seed == 3 and run.config.replay.min_size == 500
+    assert "budget of 2,500 env steps reached" in (run.run_dir / "console.log").read_text()
+    policy = spreeze.load(run.run_dir)
+    assert (policy.obs_dim, policy.act_dim) == (3, 1)
+    one = policy.predict(np.array([1.0, 0.0, 0.5]))
+    batch = policy.predict(np.array([[1.0, 0.0, 0.5], [0.0, 1.0, -3.0]], np.float32))
+    assert one.shape == (1,) and batch.shape == (2, 1) and np.array_equal(batch[0], one)
+    assert np.all(np.abs(batch) <= 2.0) and np.array_equal(policy.predict(batch[:0].reshape(0, 3)), np.zeros((0, 1)))
+    # the user's own gymnasium loop gives exactly the returns of `spreeze eval`
+    env = gym.make("Pendulum-v1")
+    env.reset(seed=12_345)  # as `spreeze eval` seeds its env (then resets before each episode)
+    mine = []
+    for _ in range(2):
+        obs, _ = env.reset()
+        total, done = 0.0, False
+        while not done:
+            obs, reward, terminated, truncated, _ = env.step(policy.predict(obs))
+            total += float(reward)
+            done = terminated or truncated
+        mine.append(total)
+    assert mine == pytest.approx(evaluate_checkpoint(run.run_dir, 2), rel=1e-5)
+    with pytest.raises(ValueError, match=r"obs of shape \(4,\): expected \[3\]"):
+        policy.predict(np.zeros(4))
+    assert run.policy("latest").act_dim == 1
+
+
+@pytest.mark.timeout(240)
+def test_a_run_started_without_waiting_stops_cleanly_and_resumes(tmp_path: Path) -> None:
+    run = spreeze.train(env="Pendulum-v1", total_steps=1_000_000, run_dir=tmp_path / "r", config=SHORT, wait=False)
+    assert run.running and run.returncode is None
+    deadline = time.monotonic() + 120
+    while not (run.run_dir / "checkpoints" / "best.pt").is_file():
+        assert run.running and time.monotonic() < deadline, "no evaluation within 120 s"
+        time.sleep(0.5)
+    assert run.stop() == 0  # SIGTERM: services stop, checkpoints written
+    with pytest.raises(ConfigError, match="already holds a run"):  # refused here, before anything starts
+        spreeze.train(env="Pendulum-v1", run_dir=run.run_dir)
+    with pytest.raises(ConfigError, match="algo cannot change when resuming"):
+        spreeze.train(resume=run.run_dir, algo="sac")
+    again = spreeze.train(resume=run.run_dir, total_steps=run.config.total_steps, wait=False)
+    with pytest.raises(TimeoutError, match="still running after 2 s"):
+        again.wait(timeout=2)
+    assert again.stop() == 0 and spreeze.load(run.run_dir, "latest").act_dim == 1
+
+
+def test_bad_input_is_refused_by_name_before_anything_starts(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="batch_size"):
+        spreeze.train(env="Pendulum-v1", run_dir=tmp_path / "a", overrides=["learner.batch_size=-1"])
+    with pytest.raises(ConfigError, match="no_such_section"):
+        spreeze.train(env="Pendulum-v1", run_dir=tmp_path / "b", config={"no_such_section": {"x": 1}})
+    with pytest.raises(ConfigError, match="does not exist"):
+        spreeze.train(config=tmp_path / "missing.yaml")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    with pytest.raises(ConfigError, match="no best checkpoint"):
+        (tmp_path / "empty").mkdir()
+        spreeze.load(tmp_path / "empty")
+    with pytest.raises(AttributeError, match="no attribute 'trian'"):
+        spreeze.trian  # noqa: B018 (a typo is an AttributeError naming it)

@@ -38,7 +38,7 @@ MODULES = {module_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rg
 
 
 def bare_imports(path: Path) -> list[str]:
-    """Imports of a project package by its folder name (`common.x`), which would load the same
+    """Imports of a project package by its folder name (`spreeze.common.x`), which would load the same
     file a second time under another name: every import says `spreeze.`."""
     found = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):

@@ -15,8 +15,8 @@ from importlib import import_module, metadata
 from spreeze.bench import BENCHES
 from spreeze.proto.errors import SpreezeError
 
-MORE = ("More: README.md (Usage; Stopping, crashing and resuming; Configuration) and proto/SPEC.md\n"
-        "(the wire protocol) in the repository. Each command has --help.")
+MORE = ("More: README.md (start here), the manual in docs/ (docs/index.md; `mkdocs serve` builds it as a\n"
+        "site) and proto/SPEC.md (the wire protocol), in the repository. Each command has --help.")
 
 # command -> (module defining its PARSERS and HANDLERS entries, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -30,6 +30,24 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "health": ("spreeze.cli.remote", "ask a service over its health socket; exit 0 when it answers healthy"),
     "conformance": ("spreeze.cli.conformance", "check a replay or sampler from outside against proto/SPEC.md"),
 }
+
+# command -> the docs pages (files in the repository) that say more, named at the end of its --help
+DOCS: dict[str, str] = {
+    "train": "docs/training.md, docs/reference/configuration.md",
+    "eval": "docs/training.md",
+    "plot": "docs/watching.md",
+    "bench": "docs/performance.md",
+    "results": "docs/performance.md",
+    "sampler": "docs/remote-samplers.md",
+    "keys": "docs/remote-samplers.md",
+    "health": "docs/containers.md",
+    "conformance": "docs/protocol.md",
+}
+
+
+def docs_line(command: str) -> str:
+    """The last line of `command`'s --help: where the docs say more."""
+    return f"docs: {DOCS[command]}"
 
 
 def parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -45,6 +63,7 @@ def parser(command: str | None = None) -> argparse.ArgumentParser:
             add_arguments = import_module(module).PARSERS.get(name)
             if add_arguments is not None:
                 add_arguments(s)
+        s.epilog = "\n\n".join(text for text in (s.epilog, docs_line(name)) if text)
     return p
 
 
@@ -61,7 +80,13 @@ def main(argv: list[str] | None = None) -> int:
     command = argv[0] if argv and argv[0] in COMMANDS else ""
     if command == "results":  # its own parser: options and key=value overrides in any order
         from spreeze.bench.results import main as results_main
+        from spreeze.bench.results import parser as results_parser
 
+        if {"-h", "--help"} & set(argv[1:]):  # its own parser's help, plus where the docs say more
+            rp = results_parser()
+            rp.epilog = "\n\n".join(text for text in (rp.epilog, docs_line("results")) if text)
+            rp.print_help()
+            return 0
         return guarded("results", lambda: results_main(argv[1:]))
     p = parser(command)
     args, extra = p.parse_known_args(argv)

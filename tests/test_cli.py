@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from spreeze.bench import results
-from spreeze.cli.main import COMMANDS, parser
+from spreeze.cli.main import COMMANDS, docs_line, parser
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.timeout(60)
@@ -35,9 +35,13 @@ def subparsers(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]
 
 def test_every_command_and_argument_has_help() -> None:
     top = parser()
-    assert "README.md" in (top.epilog or "") and "proto/SPEC.md" in (top.epilog or "")
+    assert all(name in (top.epilog or "") for name in ("README.md", "docs/index.md", "proto/SPEC.md"))
     commands = subparsers(top)
     assert set(commands) == set(COMMANDS)
+    for name, p in commands.items():  # each names its docs pages, and they exist
+        assert p.epilog and p.epilog.splitlines()[-1] == docs_line(name), f"spreeze {name} --help names no docs page"
+        pages = p.epilog.splitlines()[-1].removeprefix("docs: ").split(", ")
+        assert all((ROOT / page).is_file() for page in pages), pages
     commands["results"] = results.parser()  # parsed by bench.results itself
     for name, p in commands.items():
         assert p.description, f"spreeze {name} --help has no description"
@@ -55,6 +59,12 @@ def test_help_imports_nothing_heavy(command: str) -> None:
             "print(sorted(m for m in ('torch', 'gymnasium', 'matplotlib', 'numpy') if m in sys.modules))\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_results_help_names_its_docs_page() -> None:
+    proc = spreeze("results", "--help")  # parsed by bench.results, not by the subparser above
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == docs_line("results") and "--modes" in proc.stdout
 
 
 def test_config_help_does_not_promise_an_installed_configs_folder() -> None:

@@ -43,7 +43,7 @@ MODULES[API] = ROOT / "spreeze" / "api.py"
 
 
 def bare_imports(path: Path) -> list[str]:
-    """Imports of a project package by its folder name (`common.x`), which would load the same
+    """Imports of a project package by its folder name (`spreeze.common.x`), which would load the same
     file a second time under another name: every import says `spreeze.`."""
     found = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):

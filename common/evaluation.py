@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -44,6 +45,18 @@ def checkpoint_path(run_dir: Path, which: str) -> Path:
     return path
 
 
+def rebuilt_policy(cfg: Any, obs_dim: int, low: np.ndarray, high: np.ndarray) -> dict[str, Any]:
+    """The acting-policy description of a checkpoint written before checkpoints carried one: the
+    run config's actor, built as its learner built it and described the same way."""
+    import torch
+
+    from common.algorithms.build import make_parts
+    from common.policy_export import describe_actor
+
+    actor, _ = make_parts(cfg.algo, obs_dim, len(low), low, high, cfg.algo_config, torch.device("cpu"), True)
+    return describe_actor(actor.actor)
+
+
 def evaluate_checkpoint(run_dir: Path, episodes: int, which: str = "best", seed: int = 12_345) -> list[float]:
     """Returns of `episodes` deterministic episodes of a run's best (or latest) checkpoint."""
     path = checkpoint_path(Path(run_dir), which)
@@ -59,7 +72,11 @@ def evaluate_checkpoint(run_dir: Path, episodes: int, which: str = "best", seed:
     env = make_env(cfg.env, seed=seed)
     env.reset(seed=seed)
     state = {k: v.numpy() for k, v in payload["actor"].items()}
-    actor = NumpyActor(state, cfg.algo, env.action_space.low, env.action_space.high)
+    low, high = env.action_space.low, env.action_space.high
+    obs_space = env.observation_space.shape
+    assert obs_space is not None
+    policy = payload.get("policy") or rebuilt_policy(cfg, obs_space[0], low, high)
+    actor = NumpyActor(policy, state, low, high)
     returns, _ = run_episodes(env, actor, episodes)
     env.close()
     return returns

@@ -115,6 +115,8 @@ def parse(desc: Any) -> PolicyProgram:
     """Check a description's structure; :class:`PolicyFormatError` names the first bad op or field."""
     if not isinstance(desc, Mapping):
         raise PolicyFormatError(f"policy description {desc!r:.60} is not a map")
+    if not desc:
+        raise PolicyFormatError("policy is missing (empty): weights of net = actor carry it from proto/SPEC.md 1.5 on")
     if desc.get("format") != FORMAT:
         raise PolicyFormatError(f"policy format={desc.get('format')!r:.40}: this reader knows format {FORMAT}")
     raw = desc.get("ops")

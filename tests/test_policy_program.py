@@ -35,6 +35,7 @@ def test_a_valid_description_round_trips() -> None:
 
 @pytest.mark.parametrize("bad, match", [
     ([], "not a map"),
+    ({}, "policy is missing"),
     ({"format": 2, "ops": [SQUASH]}, "format=2"),
     ({"format": FORMAT, "ops": []}, "non-empty list"),
     (desc({"op": "conv2d"}, SQUASH), r"policy op 0 \('conv2d'\): unknown op"),

@@ -52,7 +52,7 @@ class _Builder:
         if arr.ndim != ndim:
             raise PolicyShapeError(f"{where(i, op)}: {field} {name!r} has shape {list(arr.shape)}, "
                                    f"expected {ndim} dims")
-        own = np.ascontiguousarray(arr.T if transposed else arr)
+        own = np.array(arr.T if transposed else arr, np.float32, order="C")  # our copy: loads write into it
         self.bound.append((name, own, transposed))
         return own
 
@@ -68,7 +68,7 @@ class _Builder:
         elif self.width != width:
             raise PolicyShapeError(f"{where(i, op)}: takes {width} features, gets {self.width}")
 
-    def add(self, op: Op, i: int) -> None:
+    def compile_op(self, op: Op, i: int) -> None:
         linear = self.last_linear
         self.last_linear = None
         if op["op"] == "relu" and linear is not None:  # one step instead of two: the sampler's hot path
@@ -194,7 +194,7 @@ class NumpyActor:
         self.program = policy if isinstance(policy, PolicyProgram) else parse(policy)
         b = _Builder(state)
         for i, op in enumerate(self.program.body):
-            b.add(op, i)
+            b.compile_op(op, i)
         head, n = self.program.head, len(self.program.body)
         self.stochastic = head["op"] == "tanh_gaussian"
         self._scale, self._bias = b.param(n, head, "scale", 1), b.param(n, head, "bias", 1)

@@ -140,6 +140,7 @@ def test_layer_norm_residual_obs_norm_and_activations_match_torch() -> None:
 def test_load_updates_in_place(algo: str) -> None:
     np_actor = numpy_actor(torch_actor(algo, seed=0))
     weights = [own for _, own, _ in np_actor._bound]
+    assert all(own.flags.writeable and own.flags.c_contiguous for own in weights)
     other = torch_actor(algo, seed=1)
     np_actor.load(module_state(other))
     assert all(a is b for a, b in zip((own for _, own, _ in np_actor._bound), weights))
@@ -152,6 +153,16 @@ def test_load_updates_in_place(algo: str) -> None:
     del partial["scale"]
     with pytest.raises(PolicyParamError, match="'scale'"):
         np_actor.load(partial)
+
+
+def test_weights_are_copied_so_read_only_wire_buffers_load_in_place() -> None:
+    actor = torch_actor("sac")
+    state = module_state(actor)
+    for arr in state.values():
+        arr.flags.writeable = False  # as arrays decoded from message frames are
+    np_actor = NumpyActor(describe_actor(actor), state, LOW, HIGH)
+    np_actor.load(state)
+    assert not any(np.shares_memory(own, state[name]) for name, own, _ in np_actor._bound)
 
 
 def test_obs_norm_load_refreshes_the_derived_std() -> None:

@@ -8,9 +8,9 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from common.errors import ConfigError
+from spreeze.common.errors import ConfigError
 
-from common.numpy_policy import NumpyActor
+from spreeze.common.numpy_policy import NumpyActor
 
 
 def run_episodes(env: gym.Env, actor: NumpyActor, episodes: int,
@@ -50,8 +50,8 @@ def rebuilt_policy(cfg: Any, obs_dim: int, low: np.ndarray, high: np.ndarray) ->
     run config's actor, built as its learner built it and described the same way."""
     import torch
 
-    from common.algorithms.build import make_parts
-    from common.policy_export import describe_actor
+    from spreeze.common.algorithms.build import make_parts
+    from spreeze.common.policy_export import describe_actor
 
     actor, _ = make_parts(cfg.algo, obs_dim, len(low), low, high, cfg.algo_config, torch.device("cpu"), True)
     return describe_actor(actor.actor)
@@ -64,8 +64,8 @@ def evaluate_checkpoint(run_dir: Path, episodes: int, which: str = "best", seed:
         raise ConfigError(f"episodes={episodes}: evaluate at least 1 episode")
     import torch
 
-    from common.config import from_dict
-    from common.envs import make_env
+    from spreeze.common.config import from_dict
+    from spreeze.common.envs import make_env
 
     payload = torch.load(path, weights_only=False)
     cfg = from_dict(payload["config"])

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from common.errors import PolicyParamError, PolicyShapeError
-from common.policy_program import Op, PolicyProgram, parse, where
+from spreeze.common.errors import PolicyParamError, PolicyShapeError
+from spreeze.common.policy_program import Op, PolicyProgram, parse, where
 
 Slots = dict[str, np.ndarray]
 Step = Callable[[np.ndarray, Slots], np.ndarray]

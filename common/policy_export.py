@@ -13,9 +13,9 @@ from typing import Any
 
 from torch import nn
 
-from common.errors import PolicyExportError, PolicyFormatError
-from common.networks import PolicyOps, join
-from common.policy_program import FORMAT, parse
+from spreeze.common.errors import PolicyExportError, PolicyFormatError
+from spreeze.common.networks import PolicyOps, join
+from spreeze.common.policy_program import FORMAT, parse
 
 
 def _linear(m: nn.Module, path: str) -> PolicyOps:

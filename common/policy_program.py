@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from common.errors import PolicyFormatError
+from spreeze.common.errors import PolicyFormatError
 
 FORMAT = 1  # description format this module reads and writes (the map's "format")
 

@@ -2,7 +2,7 @@
 
 A :class:`SparseTopology` owns the masks of one *trained* network's hidden layers (every
 ``nn.Linear`` followed by a ReLU in an ``nn.Sequential``, i.e. the hidden layers
-:func:`common.networks.mlp` builds, the first one included; output layers and all biases
+:func:`spreeze.common.networks.mlp` builds, the first one included; output layers and all biases
 stay dense). The algorithm part that trains the network holds it and calls:
 
 - :meth:`SparseTopology.step` right after ``opt.step()``: re-zero masked weights, then every
@@ -44,8 +44,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from common.sparse_config import SparseConfig
-from common.sparse_masks import (
+from spreeze.common.sparse_config import SparseConfig
+from spreeze.common.sparse_masks import (
     Shape,
     change_count,
     connection_count,
@@ -58,7 +58,7 @@ from common.sparse_masks import (
     target_densities,
     zero_optimizer_state,
 )
-from common.sparse_stats import (
+from spreeze.common.sparse_stats import (
     LayerStats,
     dense_training_flops,
     overall_sparsity,

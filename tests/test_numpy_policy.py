@@ -8,11 +8,11 @@ import pytest
 import torch
 from torch import nn
 
-from common.algorithms.base import module_state
-from common.errors import PolicyParamError, PolicyShapeError
-from common.networks import DeterministicActor, GaussianActor, ObsNorm, Residual
-from common.numpy_policy import NumpyActor
-from common.policy_export import describe_actor
+from spreeze.common.algorithms.base import module_state
+from spreeze.common.errors import PolicyParamError, PolicyShapeError
+from spreeze.common.networks import DeterministicActor, GaussianActor, ObsNorm, Residual
+from spreeze.common.numpy_policy import NumpyActor
+from spreeze.common.policy_export import describe_actor
 
 torch.set_num_threads(1)
 LOW = np.array([-1.0, -2.0, 0.0], dtype=np.float32)

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from torch import nn
 
-from common.errors import PolicyExportError
-from common.networks import DeterministicActor, GaussianActor, Residual
-from common.policy_export import describe_actor
-from common.policy_program import parse
+from spreeze.common.errors import PolicyExportError
+from spreeze.common.networks import DeterministicActor, GaussianActor, Residual
+from spreeze.common.policy_export import describe_actor
+from spreeze.common.policy_program import parse
 
 LOW, HIGH = -np.ones(2, np.float32), np.ones(2, np.float32)
 

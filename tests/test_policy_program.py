@@ -8,9 +8,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from common.errors import PolicyError, PolicyFormatError, PolicyParamError, PolicyShapeError
-from common.numpy_policy import NumpyActor
-from common.policy_program import FORMAT, parse
+from spreeze.common.errors import PolicyError, PolicyFormatError, PolicyParamError, PolicyShapeError
+from spreeze.common.numpy_policy import NumpyActor
+from spreeze.common.policy_program import FORMAT, parse
 
 LOW, HIGH = -np.ones(2, np.float32), np.ones(2, np.float32)
 

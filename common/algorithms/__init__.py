@@ -9,9 +9,9 @@ ALGORITHMS.
 
 from __future__ import annotations
 
-from common.algorithms.configs import SAC, TD3, SACConfig, TD3Config
-from common.algorithms.descriptor import Algorithm
-from common.sparse_config import SparseConfig
+from spreeze.common.algorithms.configs import SAC, TD3, SACConfig, TD3Config
+from spreeze.common.algorithms.descriptor import Algorithm
+from spreeze.common.sparse_config import SparseConfig
 
 __all__ = ["ALGORITHMS", "ALGOS", "Algorithm", "SACConfig", "SparseConfig", "TD3Config", "algorithm"]
 

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from common.sparse import SparseTopology
+from spreeze.common.sparse import SparseTopology
 
 Batch = dict[str, torch.Tensor]
 """obs [B,obs_dim], action [B,act_dim], reward [B], next_obs [B,obs_dim], done [B] (1.0 =

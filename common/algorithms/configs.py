@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from common.algorithms.descriptor import Algorithm
+from spreeze.common.algorithms.descriptor import Algorithm
 
 
 def check(ok: bool, field: str, value: object, requirement: str) -> None:
@@ -85,13 +85,13 @@ class SACConfig:
               f"must be < sac.log_std_max={self.log_std_max}")
 
 
-TD3 = Algorithm(name="td3", config=TD3Config, parts="common.algorithms.td3",
+TD3 = Algorithm(name="td3", config=TD3Config, parts="spreeze.common.algorithms.td3",
                 policy_delay=lambda cfg: cfg.policy_delay,
                 exploration_noise=lambda cfg: cfg.exploration_noise,
                 actor_nets=("actor", "actor_target"))  # TD targets use the target actor
 
 
-SAC = Algorithm(name="sac", config=SACConfig, parts="common.algorithms.sac",
+SAC = Algorithm(name="sac", config=SACConfig, parts="spreeze.common.algorithms.sac",
                 policy_delay=lambda cfg: 1,
                 exploration_noise=lambda cfg: 0.0,  # explores by sampling its own Gaussian
                 actor_nets=("actor",))  # TD targets use the online actor (and the temperature in extras)

@@ -15,18 +15,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from common.algorithms.base import (critic_step, load_critics, save_critics, Batch, State, adam,
+from spreeze.common.algorithms.base import (critic_step, load_critics, save_critics, Batch, State, adam,
                                     load_module_state, load_sparse, module_snapshot, module_state,
                                     optimizer_state, params, save_sparse, scalars,
                                     sparse_step, with_sparse)
-from common.algorithms.base import frozen_copy, make_generator, seeded
-from common.algorithms.build import ACTOR_INIT, ACTOR_RNG, CRITIC_RNG, Sparsifier, critics, sub_seed
-from common.algorithms.configs import SACConfig
-from common.algorithms import steps
-from common.algorithms.compiled import CompileOptions
-from common.algorithms.steps import FastUpdate
-from common.networks import GaussianActor, TwinCritic
-from common.sparse import SparseTopology
+from spreeze.common.algorithms.base import frozen_copy, make_generator, seeded
+from spreeze.common.algorithms.build import ACTOR_INIT, ACTOR_RNG, CRITIC_RNG, Sparsifier, critics, sub_seed
+from spreeze.common.algorithms.configs import SACConfig
+from spreeze.common.algorithms import steps
+from spreeze.common.algorithms.compiled import CompileOptions
+from spreeze.common.algorithms.steps import FastUpdate
+from spreeze.common.networks import GaussianActor, TwinCritic
+from spreeze.common.sparse import SparseTopology
 
 
 class SACActorPart:

@@ -2,7 +2,7 @@
 
 Each step does exactly what the part's eager ``update`` does, as one function:
 
-- the twin critics run as one batched network (:func:`common.networks.twin_q`);
+- the twin critics run as one batched network (:func:`spreeze.common.networks.twin_q`);
 - gradients come from ``torch.func.grad_and_value`` and Adam is written out
   (:class:`~common.algorithms.compiled.AdamState`, torch's formula, torch's state tensors);
 - the noise (TD3's target smoothing, SAC's reparameterisation) is drawn *outside* the graph
@@ -23,9 +23,9 @@ from typing import Any
 import torch
 from torch.func import functional_call, grad_and_value
 
-from common.algorithms.base import Batch, polyak, scalars, sparse_prune, with_sparse
-from common.algorithms.compiled import AdamState, CompiledStep, CompileOptions, Trained
-from common.networks import q1_only, twin_q
+from spreeze.common.algorithms.base import Batch, polyak, scalars, sparse_prune, with_sparse
+from spreeze.common.algorithms.compiled import AdamState, CompiledStep, CompileOptions, Trained
+from spreeze.common.networks import q1_only, twin_q
 
 BATCH_KEYS = ("obs", "action", "reward", "next_obs", "done")
 TargetFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]

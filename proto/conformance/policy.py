@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from proto.messages import Weights
+from spreeze.proto.messages import Weights
 
 WIDTH = 8  # hidden features of the kit's rich actor
 

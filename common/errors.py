@@ -23,3 +23,23 @@ class PeerError(SpreezeError):
 
 class VideoError(SpreezeError):
     """An evaluation video cannot be rendered or written; the message says why and how to enable it."""
+
+
+class PolicyError(SpreezeError, ValueError):
+    """An acting-policy description (proto/SPEC.md §4.4) cannot be run; the message names the op and field."""
+
+
+class PolicyFormatError(PolicyError):
+    """The description itself is malformed: an unknown op, a missing or mistyped field, a bad order."""
+
+
+class PolicyParamError(PolicyError):
+    """An op names a parameter that the weights do not carry."""
+
+
+class PolicyShapeError(PolicyError):
+    """A parameter's shape does not fit the op that uses it (or the weights it replaces)."""
+
+
+class PolicyExportError(PolicyError):
+    """A torch module cannot be described as an acting policy; the message names its path and type."""

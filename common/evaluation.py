@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
@@ -47,6 +47,18 @@ def checkpoint_path(run_dir: Path, which: str) -> Path:
     return path
 
 
+def rebuilt_policy(cfg: Any, obs_dim: int, low: np.ndarray, high: np.ndarray) -> dict[str, Any]:
+    """The acting-policy description of a checkpoint written before checkpoints carried one: the
+    run config's actor, built as its learner built it and described the same way."""
+    import torch
+
+    from spreeze.common.algorithms.build import make_parts
+    from spreeze.common.policy_export import describe_actor
+
+    actor, _ = make_parts(cfg.algo, obs_dim, len(low), low, high, cfg.algo_config, torch.device("cpu"), True)
+    return describe_actor(actor.actor)
+
+
 def checkpoint_actor(run_dir: Path, which: str = "best") -> tuple[Config, NumpyActor]:
     """A run's config and the numpy actor of its best (or latest) checkpoint."""
     path = checkpoint_path(Path(run_dir), which)
@@ -57,9 +69,10 @@ def checkpoint_actor(run_dir: Path, which: str = "best") -> tuple[Config, NumpyA
 
     payload = torch.load(path, weights_only=False)
     cfg = from_dict(payload["config"])
-    _, low, high = env_spec(cfg.env)
+    layout, low, high = env_spec(cfg.env)
     state = {k: v.numpy() for k, v in payload["actor"].items()}
-    return cfg, NumpyActor(state, cfg.algo, low, high)
+    policy = payload.get("policy") or rebuilt_policy(cfg, layout.obs_dim, low, high)
+    return cfg, NumpyActor(policy, state, low, high)
 
 
 def evaluate_checkpoint(run_dir: Path, episodes: int, which: str = "best", seed: int = 12_345) -> list[float]:

@@ -2,13 +2,16 @@
 
 Every hidden layer is a plain ``nn.Linear`` built by :func:`mlp`, so a sparse mode can find
 and mask them. Action bounds live in registered buffers (``scale``, ``bias``) so they move
-with ``.to(device)`` and travel inside ``state_dict()`` to samplers.
+with ``.to(device)`` and travel inside ``state_dict()`` to samplers. The actors, and the
+blocks plain torch has no module for (:class:`Residual`, :class:`ObsNorm`), describe their
+acting policy with ``policy_ops`` (common/policy_export.py walks the rest by module type).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -17,6 +20,14 @@ from torch import nn
 
 HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 LOG_2 = math.log(2.0)
+
+PolicyOps = list[dict[str, Any]]  # ops of an acting-policy description (proto/SPEC.md §4.4)
+Walk = Callable[[nn.Module, str], PolicyOps]  # describes a submodule at a state_dict path
+
+
+def join(path: str, name: str) -> str:
+    """The state_dict name of `name` inside the module at `path`."""
+    return f"{path}.{name}" if path else name
 
 
 def mlp(in_dim: int, hidden: Sequence[int], out_dim: int | None) -> nn.Sequential:
@@ -61,6 +72,11 @@ class DeterministicActor(nn.Module):
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         return torch.addcmul(self.bias, torch.tanh(self.net(obs)), self.scale)
 
+    def policy_ops(self, path: str, walk: Walk) -> PolicyOps:
+        """The MLP, then ``tanh(x) * scale + bias`` (the exporter sets the exploration noise)."""
+        return [*walk(self.net, join(path, "net")),
+                {"op": "squash", "scale": join(path, "scale"), "bias": join(path, "bias"), "exploration_noise": 0.0}]
+
 
 class GaussianActor(nn.Module):
     """SAC actor: tanh-squashed Gaussian rescaled to the action bounds.
@@ -84,6 +100,13 @@ class GaussianActor(nn.Module):
         self.register_buffer("log_std_bounds", torch.tensor([log_std_min, log_std_max]))
         self.register_buffer("log_scale_sum", scale.log().sum(), persistent=False)
         self._lo, self._half_range = log_std_min, 0.5 * (log_std_max - log_std_min)
+
+    def policy_ops(self, path: str, walk: Walk) -> PolicyOps:
+        """Trunk and head, then the tanh-Gaussian over [mean | log-std pre-activation]."""
+        lo, hi = (float(v) for v in self.log_std_bounds.tolist())
+        return [*walk(self.trunk, join(path, "trunk")), *walk(self.head, join(path, "head")),
+                {"op": "tanh_gaussian", "scale": join(path, "scale"), "bias": join(path, "bias"),
+                 "log_std_min": lo, "log_std_max": hi}]
 
     def dist_params(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Pre-squash Gaussian (mean, log_std), each [B, act_dim]."""
@@ -111,6 +134,39 @@ class GaussianActor(nn.Module):
         log_det = 2.0 * (LOG_2 - u - F.softplus(-2.0 * u))
         log_prob = (gauss - log_det).sum(-1) - self.log_scale_sum
         return torch.addcmul(self.bias, torch.tanh(u), self.scale), log_prob
+
+
+class Residual(nn.Module):
+    """``x + block(x)`` (the block keeps the width)."""
+
+    def __init__(self, block: nn.Module) -> None:
+        super().__init__()
+        self.block = block
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.block(x)
+
+    def policy_ops(self, path: str, walk: Walk) -> PolicyOps:
+        slot = path or "residual"
+        return [{"op": "save", "slot": slot}, *walk(self.block, join(path, "block")), {"op": "add", "slot": slot}]
+
+
+class ObsNorm(nn.Module):
+    """``clip((x - mean) / sqrt(var + eps), -clip, clip)`` with ``mean``, ``var`` buffers [dim]
+    (whoever trains with it keeps them up to date; they travel in ``state_dict()``)."""
+
+    def __init__(self, dim: int, eps: float = 1e-8, clip: float = 10.0) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(dim))
+        self.register_buffer("var", torch.ones(dim))
+        self.eps, self.clip = eps, clip
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ((x - self.mean) / torch.sqrt(self.var + self.eps)).clamp(-self.clip, self.clip)
+
+    def policy_ops(self, path: str, walk: Walk) -> PolicyOps:
+        return [{"op": "obs_norm", "mean": join(path, "mean"), "var": join(path, "var"),
+                 "eps": self.eps, "clip": self.clip}]
 
 
 class TwinCritic(nn.Module):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import zmq
@@ -26,12 +26,13 @@ log = logging.getLogger(__name__)
 
 
 def dense_message(net: str, version: int, updates: int, state: State,
-                  extras: dict[str, float] | None = None) -> Weights:
-    return Weights(net=net, version=version, updates=updates, dense=state, extras=extras or {})
+                  extras: dict[str, float] | None = None, policy: dict[str, Any] | None = None) -> Weights:
+    return Weights(net=net, version=version, updates=updates, dense=state, extras=extras or {},
+                   policy=policy or {})
 
 
 def sparse_message(net: str, version: int, updates: int, state: State, sparse: set[str],
-                   extras: dict[str, float] | None = None) -> Weights:
+                   extras: dict[str, float] | None = None, policy: dict[str, Any] | None = None) -> Weights:
     """Tensors named in `sparse` travel as (int32 flat indices, float32 values)."""
     dense, idx, val, shapes = {}, {}, {}, {}
     for name, arr in state.items():
@@ -42,21 +43,22 @@ def sparse_message(net: str, version: int, updates: int, state: State, sparse: s
         else:
             dense[name] = arr
     return Weights(net=net, version=version, updates=updates, dense=dense, idx=idx, val=val,
-                   shapes=shapes, extras=extras or {})
+                   shapes=shapes, extras=extras or {}, policy=policy or {})
 
 
 def weights_message(net: str, version: int, updates: int, state: State,
                     sparse: list[str] | set[str] | None = None,
-                    extras: dict[str, float] | None = None) -> Weights:
+                    extras: dict[str, float] | None = None, policy: dict[str, Any] | None = None) -> Weights:
     """A sparse message for the tensors named in `sparse` that are smaller that way, else dense.
 
     A non-zero costs 8 bytes sparse (int32 index + float32 value) against 4 bytes per entry
-    dense, so only tensors less than half full travel sparse.
+    dense, so only tensors less than half full travel sparse. `policy`: the acting-policy
+    description that goes with `net = actor` (common/policy_export.py).
     """
     names = {n for n in sparse or () if n in state and 2 * np.count_nonzero(state[n]) < state[n].size}
     if not names:
-        return dense_message(net, version, updates, state, extras)
-    return sparse_message(net, version, updates, state, names, extras)
+        return dense_message(net, version, updates, state, extras, policy)
+    return sparse_message(net, version, updates, state, names, extras, policy)
 
 
 def to_state(msg: Weights) -> State:

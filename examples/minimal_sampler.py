@@ -1,8 +1,9 @@
 """A complete Spreeze sampler written from proto/SPEC.md alone: pyzmq, msgpack, numpy and
 gymnasium, nothing of the project. Usage: python minimal_sampler.py tcp://HOST:PORT [ID]
-(the address of `spreeze train --listen`; no CURVE keys). Acts with the TD3 or SAC actor
-from the published weights, within replay's warm-up grant at random, keeps every batch
-until it is durable and re-sends after a gap, a replay restart or an ack timeout."""
+(the address of `spreeze train --listen`; no CURVE keys). Acts with the published actor by
+running its acting policy (§4.4: whatever the algorithm), within replay's warm-up grant at
+random, keeps every batch until it is durable and re-sends after a gap, a replay restart or
+an ack timeout."""
 import os
 import socket
 import sys
@@ -48,24 +49,36 @@ def weights(body: dict, arrays: dict) -> dict:
     return state
 
 
-def act(w: dict, algo: str, obs: np.ndarray, noise: float, rng: np.random.Generator) -> np.ndarray:
-    """TD3: tanh(mlp(obs)) * scale + bias plus Gaussian noise; SAC: a tanh-Gaussian sample."""
-    prefix = "net" if algo == "td3" else "trunk"
-    layers = sorted(int(k.split(".")[1]) for k in w if k.startswith(prefix + ".") and k.endswith(".weight"))
-    names = [f"{prefix}.{i}" for i in layers] + ([] if algo == "td3" else ["head"])
-    x = obs.astype(np.float32)
-    for i, name in enumerate(names):
-        x = x @ w[name + ".weight"].T + w[name + ".bias"]
-        if i < len(names) - 1:
-            x = np.maximum(x, 0.0)
-    a_dim = len(w["scale"])
-    if algo == "td3":
-        a = np.tanh(x) * w["scale"] + w["bias"] + rng.normal(0, noise, x.shape) * w["scale"]
-    else:
-        lo, hi = w["log_std_bounds"]
-        log_std = lo + 0.5 * (hi - lo) * (np.tanh(x[:, a_dim:]) + 1)
-        a = np.tanh(x[:, :a_dim] + np.exp(log_std) * rng.standard_normal((len(x), a_dim))) * w["scale"] + w["bias"]
-    return np.clip(a, w["bias"] - w["scale"], w["bias"] + w["scale"]).astype(np.float32)
+def act(policy: dict, w: dict, obs: np.ndarray, rng: np.random.Generator, low: np.ndarray,
+        high: np.ndarray) -> np.ndarray:
+    """The acting policy (§4.4): its ops in order on x = obs, then its head, exploring."""
+    x, slots = obs.astype(np.float32), {}
+    for op in policy["ops"]:
+        kind, get = op["op"], op.get
+        if kind == "obs_norm":
+            x = np.clip((x - w[op["mean"]]) / np.sqrt(w[op["var"]] + op["eps"]), -op["clip"], op["clip"])
+        elif kind == "linear":
+            x = x @ w[op["weight"]].T + w.get(get("bias"), 0)
+        elif kind == "layer_norm":
+            x = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + op["eps"])
+            x = x * w.get(get("weight"), 1) + w.get(get("bias"), 0)
+        elif kind in ("relu", "tanh", "elu", "silu"):
+            x = {"relu": np.maximum(x, 0), "tanh": np.tanh(x), "silu": x / (1 + np.exp(-x)),
+                 "elu": np.where(x > 0, x, get("alpha", 1.0) * np.expm1(np.minimum(x, 0)))}[kind]
+        elif kind == "save":
+            slots[op["slot"]] = x
+        elif kind == "add":
+            x = x + slots[op["slot"]]
+        elif kind == "squash":  # the deterministic action plus Gaussian noise, in half action ranges
+            scale = w[op["scale"]]
+            x = np.tanh(x) * scale + w[op["bias"]] + rng.standard_normal(x.shape) * op["exploration_noise"] * abs(scale)
+        elif kind == "tanh_gaussian":  # first half mean, second half log-std squashed into [lo, hi]
+            n, lo, hi = len(w[op["scale"]]), op["log_std_min"], op["log_std_max"]
+            log_std = lo + 0.5 * (hi - lo) * (np.tanh(x[:, n:]) + 1)
+            x = np.tanh(x[:, :n] + np.exp(log_std) * rng.standard_normal((len(x), n))) * w[op["scale"]] + w[op["bias"]]
+        else:
+            raise ValueError(f"unknown policy op {kind!r}")
+    return np.clip(x, low, high).astype(np.float32)
 
 
 def main(control_ep: str, sid: str) -> int:
@@ -82,8 +95,7 @@ def main(control_ep: str, sid: str) -> int:
         raise RuntimeError(f"registration refused: {welcome}")
     cfg, host = welcome["config"], control_ep.rsplit(":", 1)[0]
     ep = {k: v.replace("tcp://0.0.0.0", host).replace("tcp://*", host) for k, v in welcome["endpoints"].items()}
-    sc, algo, hb = cfg["sampler"], cfg["algo"], welcome["heartbeat_interval"]
-    noise = cfg["td3"]["exploration_noise"] if algo == "td3" else 0.0
+    sc, hb = cfg["sampler"], welcome["heartbeat_interval"]
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.SUBSCRIBE, b"")
     sub.connect(ep["actor_weights"])
@@ -94,7 +106,7 @@ def main(control_ep: str, sid: str) -> int:
     rng, obs, ended = np.random.default_rng(), envs.reset()[0], np.zeros(envs.num_envs, bool)
     space: gym.spaces.Box = envs.single_action_space  # type: ignore[assignment]
     o_dim, a_dim, low, high = obs.shape[1], space.shape[0], space.low, space.high
-    actor, version, made, random_taken, granted = None, -1, 0, 0, 0
+    actor, policy, version, made, random_taken, granted = None, {}, -1, 0, 0, 0
     kept: dict[int, list] = {}  # batch number -> frames, until durable
     sent = stored = durable = resend_from = resent_upto = 0
     moved, last_hb, stopping, flush_until = time.monotonic(), 0.0, False, 0.0
@@ -124,7 +136,7 @@ def main(control_ep: str, sid: str) -> int:
         while sub.poll(0):
             kind, body, arrays = parse(sub.recv_multipart())
             if kind == "weights" and body["net"] == "actor" and body["version"] >= version:
-                actor, version = weights(body, arrays), body["version"]
+                actor, policy, version = weights(body, arrays), body["policy"], body["version"]
         while exp.poll(0):
             kind, body, _ = parse(exp.recv_multipart())
             if kind != "experience_ack":
@@ -161,7 +173,7 @@ def main(control_ep: str, sid: str) -> int:
             k = min(max(granted - random_taken, 0), envs.num_envs)  # envs 0..k-1 act at random
             if actor is None and k < envs.num_envs:
                 break
-            a = act(actor, algo, obs, noise, rng) if actor is not None else np.zeros((envs.num_envs, a_dim))
+            a = act(policy, actor, obs, rng, low, high) if actor is not None else np.zeros((envs.num_envs, a_dim))
             a[:k] = rng.uniform(low, high, (k, a_dim))
             nxt, reward, term, trunc, _ = envs.step(a)
             for i in np.flatnonzero(~ended):  # envs that stepped (the others were reset by autoreset)

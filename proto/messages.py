@@ -18,7 +18,7 @@ import numpy as np
 from spreeze.proto.codec import Encoder, Envelope
 from spreeze.proto.errors import SchemaError, UnknownTypeError
 
-SPEC_VERSION = "1.4"  # proto/SPEC.md document version; wire major version is codec.PROTOCOL_VERSION
+SPEC_VERSION = "1.5"  # proto/SPEC.md document version; wire major version is codec.PROTOCOL_VERSION
 
 ArrayMap = dict[str, np.ndarray]
 
@@ -187,6 +187,7 @@ class Weights(Message):
     val: ArrayMap = field(default_factory=dict)
     shapes: dict[str, list[int]] = field(default_factory=dict)
     extras: dict[str, float] = field(default_factory=dict)  # e.g. SAC's {"alpha": 0.2}
+    policy: dict[str, Any] = field(default_factory=dict)  # net = actor: its acting-policy description (SPEC §4.4)
 
     def check(self) -> None:
         if set(self.idx) != set(self.shapes) or set(self.val) != set(self.shapes):

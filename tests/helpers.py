@@ -223,6 +223,13 @@ def parts(cfg: Config, seed: int = 1) -> tuple[ActorPart, CriticPart]:
                       torch.device("cpu"), shared=False, seed=seed)
 
 
+def actor_policy(cfg: Config, part: ActorPart) -> dict[str, Any]:
+    """The acting-policy description a learner publishes with `part`'s actor (its config's noise)."""
+    from spreeze.common.policy_export import describe_actor
+
+    return describe_actor(part.actor, cfg.algorithm.exploration_noise(cfg.algo_config))
+
+
 def metric_from(service: str, key: str, want: Callable[[Any], bool]) -> Callable[[Message], bool]:
     """Accept Metrics of `service` whose `key` satisfies `want`."""
     return lambda m: (isinstance(m, Metrics) and m.service == service and key in m.values

@@ -62,7 +62,8 @@ def test_spreeze_replay_passes_every_replay_check() -> None:
 def test_spreeze_sampler_over_tcp_passes_every_sampler_check() -> None:
     endpoint = f"tcp://127.0.0.1:{free_port_base()}"
     report = conformance("sampler", endpoint, cli("sampler", "--connect", endpoint, "--id", "sampler-under-test"))
-    assert passed(report) >= 23 and "register.remote is true exactly over tcp" in report
+    assert passed(report) >= 25 and "register.remote is true exactly over tcp" in report
+    assert "actions equal the kit's own evaluation of the policy" in report
 
 
 @pytest.mark.timeout(200)
@@ -70,7 +71,7 @@ def test_the_minimal_example_sampler_passes_every_sampler_check() -> None:
     d = make_ipc_dir("spzk-")
     endpoint = f"ipc://{d}/control"
     report = conformance("sampler", endpoint, [sys.executable, str(EXAMPLE), endpoint, "minimal-under-test"])
-    assert passed(report) >= 23
+    assert passed(report) >= 25 and "actions equal the kit's own evaluation of the policy" in report
 
 
 @pytest.mark.slow

@@ -17,14 +17,15 @@ from spreeze.common.transport import Channel
 from spreeze.common.weights import WeightsPublisher, dense_message
 from spreeze.proto.messages import EvalResult, Weights
 from spreeze.services.evaluator.main import Evaluator
-from tests.helpers import Harness, config, parts, recv_until, run
+from tests.helpers import Harness, actor_policy, config, parts, recv_until, run
 
 pytestmark = pytest.mark.timeout(10)
 
 
 def actor(h: Harness, version: int, updates: int, env_steps: float = 100.0) -> Weights:
     a, _ = parts(h.cfg, seed=version)
-    return dense_message("actor", version, updates, a.actor_state(), {"env_steps": env_steps})
+    return dense_message("actor", version, updates, a.actor_state(), {"env_steps": env_steps},
+                         actor_policy(h.cfg, a))
 
 
 def ckpt(tmp_path: Path, name: str) -> dict:  # type: ignore[type-arg]
@@ -98,7 +99,12 @@ def test_evaluate_publishes_and_writes_latest_and_best(tmp_path: Path) -> None:
             assert latest["learners"] == {"learner": {"updates": 77}}
             for k, v in ev.newest.dense.items():
                 np.testing.assert_array_equal(latest["actor"][k].numpy(), v)
-            assert evaluate_checkpoint(tmp_path, 1, "best")  # the CLI's reader accepts it
+            assert latest["policy"] == ev.newest.policy  # the acting policy is saved beside the weights
+            got_back = evaluate_checkpoint(tmp_path, 1, "best")  # the CLI's reader accepts it
+            assert got_back
+            older = {k: v for k, v in best.items() if k != "policy"}  # written before checkpoints had one
+            atomic_save(older, checkpoint_dir(str(tmp_path)) / "best.pt")
+            assert evaluate_checkpoint(tmp_path, 1, "best") == got_back  # rebuilt from the run config
             ev.best = 1e9  # the next result is worse: best.pt stays
             ev.newest = actor(h, 4, 8)
             await ev.evaluate()

@@ -16,14 +16,15 @@ from spreeze.common.errors import TransportTimeout
 from spreeze.common.transport import Channel
 from spreeze.proto.messages import Control, Experience, ExperienceAck, Weights
 from spreeze.services.sampler.main import Sampler
-from tests.helpers import Harness, config, nothing_on, parts, run
+from tests.helpers import Harness, actor_policy, config, nothing_on, parts, run
 
 pytestmark = pytest.mark.timeout(10)
 
 
 def actor_weights(h: Harness, version: int = 5) -> Weights:
     actor, _ = parts(h.cfg, seed=3)
-    return dense_message("actor", version, 2 * version, actor.actor_state(), {"env_steps": 0.0})
+    return dense_message("actor", version, 2 * version, actor.actor_state(), {"env_steps": 0.0},
+                         actor_policy(h.cfg, actor))
 
 
 def actions_by_step(s: Sampler, exp: Experience) -> tuple[np.ndarray, np.ndarray]:
@@ -90,7 +91,7 @@ def test_collect_acts_with_the_actor_after_take_weights(tmp_path: Path) -> None:
             exp = s.collect()
             assert exp.actor_version == 5
             obs, actions = actions_by_step(s, exp)
-            ref = NumpyActor(msg.dense, "td3", s.envs.low, s.envs.high, h.cfg.td3.exploration_noise)
+            ref = NumpyActor(msg.policy, msg.dense, s.envs.low, s.envs.high)
             random_like = copy.deepcopy(rng)
             for t in range(len(obs)):
                 np.testing.assert_allclose(actions[t], ref.act(obs[t], rng, explore=True), rtol=1e-6)

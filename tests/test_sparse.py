@@ -22,6 +22,7 @@ from spreeze.proto.codec import Encoder, decode
 from spreeze.common.config import load_config
 from spreeze.common.errors import ConfigError
 from spreeze.common.numpy_policy import NumpyActor
+from spreeze.common.policy_export import describe_actor
 from spreeze.common.sparse import SparseTopology, forward_flops, hidden_layers
 from spreeze.common.sparse_config import SparseConfig
 from spreeze.common.sparse_masks import drop_indices, split_by_sign, target_densities
@@ -388,8 +389,9 @@ def test_sparse_weights_round_trip_with_fewer_bytes(algo: str) -> None:
     for k in state:
         np.testing.assert_array_equal(back[k], state[k])
     obs = np.random.default_rng(0).standard_normal((5, HC_OBS)).astype(np.float32)
-    got = NumpyActor(back, algo, -np.ones(HC_ACT), np.ones(HC_ACT)).mean_action(obs)
-    ref = NumpyActor(state, algo, -np.ones(HC_ACT), np.ones(HC_ACT)).mean_action(obs)
+    policy = describe_actor(a.actor)
+    got = NumpyActor(policy, back, -np.ones(HC_ACT), np.ones(HC_ACT)).mean_action(obs)
+    ref = NumpyActor(policy, state, -np.ones(HC_ACT), np.ones(HC_ACT)).mean_action(obs)
     np.testing.assert_array_equal(got, ref)
     # weights_message sends sparse only what is smaller that way: never more bytes than dense
     chosen, n_chosen = wire_bytes(weights_message("actor", 1, 2, state, a.sparse.names))
@@ -486,6 +488,6 @@ def test_split_learners_send_sparse_weights(tmp_path: Path) -> None:
             assert set(actor.idx) == {"net.2.weight"}
             assert set(critic.idx) == {"qf1.2.weight", "qf2.2.weight"}
             low, high = np.array([-2.0]), np.array([2.0])
-            NumpyActor(to_state(actor), "td3", low, high).act(np.zeros((2, 3), np.float32),
+            NumpyActor(actor.policy, to_state(actor), low, high).act(np.zeros((2, 3), np.float32),
                                                                np.random.default_rng(0), True)
     helpers.run(body(), timeout=12)

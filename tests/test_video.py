@@ -26,7 +26,7 @@ from spreeze.common.numpy_policy import NumpyActor
 from spreeze.common.video import VIDEO_SIZE, EpisodeRecorder, choose_gl, record_episode
 from spreeze.proto.messages import Event
 from spreeze.services.evaluator.main import Evaluator
-from tests.helpers import Harness, config, parts, recv_until, run
+from tests.helpers import Harness, actor_policy, config, parts, recv_until, run
 from tests.test_evaluator import actor, subscribed
 
 pytestmark = pytest.mark.timeout(120)
@@ -53,7 +53,8 @@ def offscreen_gl(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
 def untrained(tmp_path: Path) -> NumpyActor:
     cfg = config(tmp_path, f"env={ENV}")
     a, _ = parts(cfg)
-    return NumpyActor(a.actor_state(), cfg.algo, np.array([-3.0], np.float32), np.array([3.0], np.float32))
+    return NumpyActor(actor_policy(cfg, a), a.actor_state(), np.array([-3.0], np.float32),
+                      np.array([3.0], np.float32))
 
 
 def read_back(path: Path) -> tuple[dict, list[np.ndarray]]:
@@ -112,7 +113,7 @@ def test_a_stopped_recording_leaves_no_file_and_no_complaint(tmp_path: Path, off
         rec = EpisodeRecorder("HalfCheetah-v5", str(tmp_path), every=1, seed=0)  # 1000 steps: long enough
         cfg = config(tmp_path, "env=HalfCheetah-v5")
         a, _ = parts(cfg)
-        actor = NumpyActor(a.actor_state(), cfg.algo, -np.ones(6, np.float32), np.ones(6, np.float32))
+        actor = NumpyActor(actor_policy(cfg, a), a.actor_state(), -np.ones(6, np.float32), np.ones(6, np.float32))
         film = rec.start(actor, "x.mp4")
         assert rec.busy and not rec.due(1)  # one video at a time
         await asyncio.sleep(0.5)

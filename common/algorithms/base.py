@@ -35,6 +35,7 @@ class ActorPart(Protocol):
     policy_delay: int  # call update() once per this many critic updates (TD3: d, SAC: 1)
     sparse: SparseTopology | None  # the actor's masks (None: dense)
     fast: Any  # the compiled step (common/algorithms/steps.py) once compile() ran, else None
+    actor: nn.Module  # the acting network (common/policy_export.py describes it to samplers)
 
     def compile(self, options: Any) -> None: ...
     def update(self, batch: Batch, want_metrics: bool = True) -> dict[str, float]: ...

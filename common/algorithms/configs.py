@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from spreeze.common.algorithms.descriptor import Algorithm, NumpyLayout
+from spreeze.common.algorithms.descriptor import Algorithm
 
 
 def check(ok: bool, field: str, value: object, requirement: str) -> None:
@@ -38,7 +38,7 @@ class TD3Config:
     policy_noise: float = 0.2  # std of target policy smoothing noise, in half action ranges
     noise_clip: float = 0.5  # clip of that noise, in half action ranges
     policy_delay: int = 2  # critic updates per actor update (and per target update)
-    exploration_noise: float = 0.1  # std of sampler Gaussian noise, in half action ranges
+    exploration_noise: float = 0.1  # std of the acting policy's Gaussian noise, in half action ranges
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first bad field."""
@@ -88,12 +88,10 @@ class SACConfig:
 TD3 = Algorithm(name="td3", config=TD3Config, parts="spreeze.common.algorithms.td3",
                 policy_delay=lambda cfg: cfg.policy_delay,
                 exploration_noise=lambda cfg: cfg.exploration_noise,
-                actor_nets=("actor", "actor_target"),  # TD targets use the target actor
-                numpy_actor=NumpyLayout(trunk="net", head=None, stochastic=False))
+                actor_nets=("actor", "actor_target"))  # TD targets use the target actor
 
 
 SAC = Algorithm(name="sac", config=SACConfig, parts="spreeze.common.algorithms.sac",
                 policy_delay=lambda cfg: 1,
                 exploration_noise=lambda cfg: 0.0,  # explores by sampling its own Gaussian
-                actor_nets=("actor",),  # TD targets use the online actor (and the temperature in extras)
-                numpy_actor=NumpyLayout(trunk="trunk", head="head", stochastic=True))
+                actor_nets=("actor",))  # TD targets use the online actor (and the temperature in extras)

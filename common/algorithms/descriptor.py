@@ -1,6 +1,6 @@
 """What the plumbing knows about an algorithm: one `Algorithm` descriptor each, by name.
 
-Services, replay, the config and the numpy actor ask the descriptor (common.algorithms
+Services, replay and the config ask the descriptor (common.algorithms
 `algorithm(name)`) and never branch on an algorithm's name. Descriptors and hyperparameters
 import no torch (common/algorithms/configs.py): samplers, replay, the visualizer and the
 supervisor read a run config without it, and only a learner imports the parts module that
@@ -21,15 +21,6 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class NumpyLayout:
-    """How the numpy actor (samplers, evaluator) reads the actor's weights."""
-
-    trunk: str  # module holding the Linear layers, in order ("<trunk>.<i>.weight")
-    head: str | None  # a last Linear layer outside the trunk (None: the trunk's last layer is the output)
-    stochastic: bool  # output: mean and log-std pre-activation of a tanh-Gaussian (else the action itself)
-
-
-@dataclass(frozen=True)
 class Algorithm:
     """One algorithm, as the rest of the system sees it."""
 
@@ -37,9 +28,8 @@ class Algorithm:
     config: type  # its hyperparameter dataclass (frozen, with validate())
     parts: str  # the module (torch) whose build(obs_dim, act_dim, low, high, config, device, shared, seed, sparsifier) makes its parts
     policy_delay: Callable[[Any], int]  # critic updates per actor update, from its config
-    exploration_noise: Callable[[Any], float]  # samplers' Gaussian action noise (half action ranges), from its config
+    exploration_noise: Callable[[Any], float]  # Gaussian action noise (half action ranges) the learner writes into the acting policy
     actor_nets: tuple[str, ...]  # actor networks the critic part needs (weights message names), in load order
-    numpy_actor: NumpyLayout  # how samplers and the evaluator act without torch
 
     def build(self, *args: Any) -> tuple[ActorPart, CriticPart]:
         """The algorithm's actor and critic parts from freshly built networks: its parts

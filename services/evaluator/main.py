@@ -106,7 +106,7 @@ class Evaluator(Service):
             return None
         state = to_state(msg)
         space = self.env.action_space
-        actor = NumpyActor(state, self.cfg.algo, space.low, space.high)
+        actor = NumpyActor(msg.policy, state, space.low, space.high)
         # in a thread, so heartbeats and control keep flowing during long evaluations
         returns, lengths = await asyncio.to_thread(run_episodes, self.env, actor, self.cfg.eval.episodes)
         result = EvalResult(actor_version=msg.version, env_steps=int(msg.extras.get("env_steps", 0)),
@@ -117,7 +117,7 @@ class Evaluator(Service):
         self.evaluated_version, self.last_eval_updates = msg.version, msg.updates
         self.last_eval_time = time.monotonic()
         self.evaluations += 1
-        await asyncio.to_thread(self.save, state, result)  # reads learner checkpoints: seconds under load
+        await asyncio.to_thread(self.save, state, msg.policy, result)  # reads learner checkpoints: seconds under load
         if self.running and self.videos.due(self.evaluations):  # not on the way out: it takes a while
             self.video_task = asyncio.create_task(self.record_video(actor, result))
         elif self.videos.off_reason and not self.video_announced:  # no GL at start: say so once
@@ -141,9 +141,9 @@ class Evaluator(Service):
         await self.metrics_out.send(Event("video", f"recorded videos/{name}",
                                           {"path": f"videos/{name}", "env_steps": result.env_steps}))
 
-    def save(self, state: dict[str, np.ndarray], result: EvalResult) -> None:
+    def save(self, state: dict[str, np.ndarray], policy: dict[str, Any], result: EvalResult) -> None:
         ckpt = checkpoint_dir(self.cfg.run_dir)
-        payload = {"actor": {k: torch.from_numpy(np.array(v)) for k, v in state.items()},
+        payload = {"actor": {k: torch.from_numpy(np.array(v)) for k, v in state.items()}, "policy": policy,
                    "eval": {"return_mean": result.return_mean, "return_std": result.return_std,
                             "env_steps": result.env_steps, "updates": result.updates,
                             "actor_version": result.actor_version},

@@ -45,6 +45,7 @@ from spreeze.common.config import with_learner_setting
 from spreeze.common.errors import ConfigError
 from spreeze.common.envs import env_spec
 from spreeze.common.learner_io import BatchStream, atomic_save, checkpoint_dir, device_of
+from spreeze.common.policy_export import describe_actor
 from spreeze.common.service import Service, abandonable_thread
 from spreeze.common.weights import WeightsPublisher, weights_message
 
@@ -120,6 +121,7 @@ class LearnerBase(Service):
         self.gain_from: tuple[float, int] | None = None  # (time, updates) at the swap to compiled steps
         self.compile_gain: float | None = None  # compiled over eager updates/s, once measured
         self.compile_error = ""  # why the last compile failed ("" = it did not)
+        self.actor_policy: dict[str, Any] | None = None  # the actor's acting-policy description, once built
 
     def device_name(self) -> str:
         """This learner's torch device (the fused learner and the actor-learner: the actor's)."""
@@ -291,13 +293,18 @@ class LearnerBase(Service):
         """Version = actor updates; `updates` in critic updates (the run's update count).
 
         Sparse networks send their masked weights as (index, value) pairs where that is smaller.
+        `net = actor` carries the actor's acting-policy description (built at the first publish,
+        with the config's exploration noise), so samplers act without knowing the algorithm.
         """
         extras = {**actor.extras(), "env_steps": float(self.batches.inserted)}
         state = actor.actor_state() if net == "actor" else actor.target_actor_state()
         assert state is not None
         sparse = actor.sparse.names if actor.sparse is not None else None
+        if net == "actor" and self.actor_policy is None:
+            noise = self.cfg.algorithm.exploration_noise(self.cfg.algo_config)
+            self.actor_policy = describe_actor(actor.actor, noise)
         pub.publish(weights_message(net, actor.updates, actor.updates * actor.policy_delay, state,
-                                    sparse, extras))
+                                    sparse, extras, self.actor_policy if net == "actor" else None))
 
     def set_param(self, key: str, value: Any) -> None:
         """`batch_size`: requests sent from now on ask for this many transitions (with compiled

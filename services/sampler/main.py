@@ -54,6 +54,7 @@ class Sampler(Service):
         self.envs = EnvBatch(self.cfg.env, sc.envs_per_sampler, int(seq.generate_state(1)[0] % (1 << 30)))
         self.layout = self.envs.layout
         self.actor: NumpyActor | None = None
+        self.policy: dict[str, Any] = {}  # the acting-policy description self.actor runs
         self.actor_version = -1
         self.random_steps = 0  # env steps of this session acted at random (replay granted outbox.warmup)
         self.returns: list[float] = []
@@ -128,9 +129,9 @@ class Sampler(Service):
 
     def take_weights(self, msg: Weights) -> None:
         state = to_state(msg)
-        if self.actor is None:
-            self.actor = NumpyActor(state, self.cfg.algo, self.envs.low, self.envs.high,
-                                    self.cfg.algorithm.exploration_noise(self.cfg.algo_config))
+        if self.actor is None or msg.policy != self.policy:  # the description, not the algorithm, says how to act
+            self.actor = NumpyActor(msg.policy, state, self.envs.low, self.envs.high)
+            self.policy = msg.policy
         else:
             self.actor.load(state)
         self.actor_version = msg.version

@@ -28,7 +28,7 @@ def test_train_load_predict_matches_spreeze_eval(tmp_path: Path) -> None:
     assert (policy.obs_dim, policy.act_dim) == (3, 1)
     one = policy.predict(np.array([1.0, 0.0, 0.5]))
     batch = policy.predict(np.array([[1.0, 0.0, 0.5], [0.0, 1.0, -3.0]], np.float32))
-    assert one.shape == (1,) and batch.shape == (2, 1) and np.array_equal(batch[0], one)
+    assert one.shape == (1,) and batch.shape == (2, 1) and np.allclose(batch[0], one, rtol=1e-6, atol=1e-6)
     assert np.all(np.abs(batch) <= 2.0) and np.array_equal(policy.predict(batch[:0].reshape(0, 3)), np.zeros((0, 1)))
     # the user's own gymnasium loop gives exactly the returns of `spreeze eval`
     env = gym.make("Pendulum-v1")

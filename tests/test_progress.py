@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from common.algorithms import TD3Config
+from common.algorithms.td3 import TD3Config
 from common.algorithms.build import make_parts
 from common.sparse_config import SparseConfig
 from common.sparse_stats import combined_flops_ratio

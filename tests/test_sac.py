@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from common.algorithms import SACConfig
+from common.algorithms.sac import SACConfig
 from common.algorithms.base import fused_step
 from common.algorithms.build import make_parts
 from common.algorithms.sac import SACActorPart, SACCriticPart

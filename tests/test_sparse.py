@@ -12,7 +12,8 @@ import pytest
 import torch
 from torch import nn
 
-from common.algorithms import SACConfig, TD3Config
+from common.algorithms.sac import SACConfig
+from common.algorithms.td3 import TD3Config
 from common.algorithms.base import fused_step
 from common.algorithms.build import make_parts
 from common.algorithms.base import ActorPart, CriticPart

@@ -1,32 +1,72 @@
-"""SAC (Haarnoja et al. 2018, with temperature auto-tuning) split into two parts.
+"""SAC (Haarnoja et al. 2018, with temperature auto-tuning): its hyperparameters, its
+descriptor, its networks and its update, split into two parts.
 
 Schedule: one actor (+ temperature) step per critic step (``policy_delay = 1``); critic
 targets are Polyak-updated after every critic step. The critic part computes TD targets
 with the *online* actor and the current temperature, which it gets via ``load_actor``
 (``extras`` carries ``alpha`` and ``log_alpha``).
+
+Imports no torch until `build` runs (common/algorithms/lazy.py): the config is read by
+every service.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import torch
+from common.algorithms.checks import check, check_hidden
+from common.algorithms.descriptor import Algorithm, NumpyLayout
+from common.algorithms.lazy import lazy
 
-from common.algorithms.base import (critic_step, load_critics, save_critics, Batch, State, adam,
-                                    load_module_state, load_sparse, module_snapshot, module_state,
-                                    optimizer_state, params, save_sparse, scalars,
-                                    sparse_step, with_sparse)
-from common.algorithms.base import frozen_copy, make_generator, seeded
-from common.algorithms.build import ACTOR_INIT, ACTOR_RNG, CRITIC_RNG, Sparsifier, critics, sub_seed
-from common.algorithms.configs import SACConfig
-from common.algorithms import steps
-from common.algorithms.compiled import CompileOptions
-from common.algorithms.steps import FastUpdate
-from common.networks import GaussianActor, TwinCritic
-from common.sparse import SparseTopology
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+    from common import networks
+    from common.algorithms import base, build as builder, steps
+    from common.algorithms.base import Batch, Named, State, Target
+    from common.algorithms.build import Sparsifier
+    from common.algorithms.compiled import CompileOptions
+    from common.algorithms.steps import FastUpdate
+    from common.networks import GaussianActor, TwinCritic
+    from common.sparse import SparseTopology
+else:
+    torch, base, builder, steps = lazy("torch"), lazy("common.algorithms.base"), \
+        lazy("common.algorithms.build"), lazy("common.algorithms.steps")
+    networks = lazy("common.networks")
+
+
+@dataclass(frozen=True)
+class SACConfig:
+    """SAC hyperparameters (defaults: SAC v2 / softlearning, CleanRL)."""
+
+    hidden: tuple[int, ...] = (64, 64)  # MLP hidden sizes, actor and critics (papers: 256, 256; 64-64 learns HalfCheetah to ~4,800 in 100k steps at ~1/5 the CPU)
+    actor_lr: float = 3e-4  # Adam learning rate of the actor
+    critic_lr: float = 3e-4  # Adam learning rate of the twin critics
+    alpha_lr: float = 3e-4  # Adam learning rate of log(alpha) when autotune
+    gamma: float = 0.99  # discount factor
+    tau: float = 0.005  # Polyak rate of the critic targets
+    init_alpha: float = 1.0  # initial temperature, as softlearning/CleanRL/SB3; ~0.2 if no autotune
+    autotune: bool = True  # learn alpha to hold the policy entropy at target_entropy
+    target_entropy: float | None = None  # None means -act_dim
+    log_std_min: float = -5.0  # lower bound of the pre-squash log std
+    log_std_max: float = 2.0  # upper bound of the pre-squash log std
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the first bad field."""
+        check_hidden("sac.hidden", self.hidden)
+        for name in ("actor_lr", "critic_lr", "alpha_lr", "init_alpha"):
+            value = getattr(self, name)
+            check(value > 0, f"sac.{name}", value, "must be > 0")
+        check(0 <= self.gamma <= 1, "sac.gamma", self.gamma, "must be in [0, 1]")
+        check(0 < self.tau <= 1, "sac.tau", self.tau, "must be in (0, 1]")
+        check(self.target_entropy is None or math.isfinite(self.target_entropy),
+              "sac.target_entropy", self.target_entropy, "must be a finite float or None")
+        check(self.log_std_min < self.log_std_max, "sac.log_std_min", self.log_std_min,
+              f"must be < sac.log_std_max={self.log_std_max}")
 
 
 class SACActorPart:
@@ -35,6 +75,8 @@ class SACActorPart:
     With ``shared=True`` the critic *is* the critic part's module; ``load_critic`` is a no-op.
     ``sparse``: the actor's masks (re-applied after each step), ``None`` when dense.
     """
+
+    algo = "sac"
 
     def __init__(self, actor: GaussianActor, critic: TwinCritic, log_alpha: torch.Tensor,
                  cfg: SACConfig, shared: bool, generator: torch.Generator,
@@ -45,14 +87,14 @@ class SACActorPart:
         self.policy_delay = 1
         self.updates = 0
         self.fast: FastUpdate | None = None  # the compiled step, once compile() ran
-        self._params = params(actor)
-        self.opt = adam(self._params, cfg.actor_lr, 0.0)
-        self.alpha_opt = adam([log_alpha], cfg.alpha_lr, 0.0) if cfg.autotune else None
+        self.params = base.params(actor)
+        self.opt = base.adam(self.params, cfg.actor_lr, 0.0)
+        self.alpha_opt = base.adam([log_alpha], cfg.alpha_lr, 0.0) if cfg.autotune else None
 
     def compile(self, options: CompileOptions) -> None:
         """From now on update with the compiled step (common/algorithms/steps.py)."""
         if options.enabled:
-            self.fast = steps.SACActorStep(self, options, self._params[0].device)
+            self.fast = steps.SACActorStep(self, options, self.params[0].device)
 
     def update(self, batch: Batch, want_metrics: bool = True) -> dict[str, float]:
         """One actor step on E[alpha*logp - min Q], then one temperature step if autotune."""
@@ -64,9 +106,9 @@ class SACActorPart:
         q1, q2 = self.critic(obs, action)
         loss = (alpha * logp - torch.minimum(q1, q2)).mean()
         self.opt.zero_grad(set_to_none=True)
-        loss.backward(inputs=self._params)  # no gradients into the critic's weights
+        loss.backward(inputs=self.params)  # no gradients into the critic's weights
         self.opt.step()
-        sparse_step(self.sparse, self.opt, self.updates + 1)
+        base.sparse_step(self.sparse, self.opt, self.updates + 1)
         metrics = [("actor_loss", loss), ("alpha", alpha), ("entropy", -logp.detach().mean())]
         if self.alpha_opt is not None:
             alpha_loss = -(self.log_alpha * (logp.detach() + self.target_entropy)).mean()
@@ -75,10 +117,10 @@ class SACActorPart:
             self.alpha_opt.step()
             metrics.append(("alpha_loss", alpha_loss))
         self.updates += 1
-        return with_sparse(scalars(metrics), self.sparse) if want_metrics else {}
+        return base.with_sparse(base.scalars(metrics), self.sparse) if want_metrics else {}
 
     def actor_state(self) -> State:
-        return module_state(self.actor)
+        return base.module_state(self.actor)
 
     def target_actor_state(self) -> State | None:
         return None
@@ -86,35 +128,25 @@ class SACActorPart:
     def extras(self) -> dict[str, float]:
         """``alpha`` and the exact ``log_alpha`` (so a peer reproduces alpha bit for bit)."""
         la = self.log_alpha.detach()
-        return scalars([("alpha", la.exp()), ("log_alpha", la)])
+        return base.scalars([("alpha", la.exp()), ("log_alpha", la)])
 
     def load_critic(self, state: State) -> None:
         if not self.shared:
-            load_module_state(self.critic, state)
+            base.load_module_state(self.critic, state)
+
+    def named(self) -> Named:
+        """What it checkpoints, by name (the critic copy too when it owns one)."""
+        named: Named = {"actor": self.actor, "log_alpha": self.log_alpha, "opt": self.opt,
+                        "generator": self.generator}
+        if self.alpha_opt is not None:
+            named["alpha_opt"] = self.alpha_opt
+        return named if self.shared else {**named, "critic": self.critic}
 
     def save(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"actor": module_snapshot(self.actor), "updates": self.updates,
-                             "log_alpha": self.log_alpha.detach().clone(),
-                             "opt": optimizer_state(self.opt),
-                             "generator": self.generator.get_state()}
-        if self.alpha_opt is not None:
-            d["alpha_opt"] = optimizer_state(self.alpha_opt)
-        if not self.shared:
-            d["critic"] = module_snapshot(self.critic)
-        return save_sparse(d, self.sparse)
+        return base.save_named(self.algo, self.updates, self.named(), self.sparse)
 
     def load(self, d: dict[str, Any]) -> None:
-        self.actor.load_state_dict(d["actor"])
-        with torch.no_grad():
-            self.log_alpha.copy_(d["log_alpha"])
-        self.opt.load_state_dict(d["opt"])
-        if self.alpha_opt is not None:
-            self.alpha_opt.load_state_dict(d["alpha_opt"])
-        self.generator.set_state(d["generator"])
-        self.updates = int(d["updates"])
-        load_sparse(d, self.sparse)
-        if not self.shared:
-            self.critic.load_state_dict(d["critic"])
+        self.updates = base.load_named("sac actor part", self.algo, self.named(), d, self.sparse)
         if self.fast is not None:
             self.fast.rebind()
 
@@ -126,17 +158,18 @@ class SACCriticPart:
     ``sparse``: the critics' masks, ``None`` when dense.
     """
 
-    def __init__(self, critic: TwinCritic, critic_target: TwinCritic, actor: GaussianActor,
-                 log_alpha: torch.Tensor, cfg: SACConfig, shared: bool,
-                 generator: torch.Generator, sparse: SparseTopology | None = None) -> None:
-        self.critic, self.critic_target, self.actor = critic, critic_target, actor
-        self.log_alpha = log_alpha
+    algo = "sac"
+
+    def __init__(self, critic: TwinCritic, actor: GaussianActor, log_alpha: torch.Tensor, cfg: SACConfig,
+                 shared: bool, generator: torch.Generator, sparse: SparseTopology | None = None) -> None:
+        self.critic, self.actor, self.log_alpha = critic, actor, log_alpha
         self.cfg, self.shared, self.generator, self.sparse = cfg, shared, generator, sparse
+        self.target: Target[TwinCritic] = base.Target(critic, sparse, cfg.tau)
+        self.critic_target: TwinCritic = self.target.network
         self.updates = 0
         self.fast: FastUpdate | None = None  # the compiled step, once compile() ran
-        self._params = params(critic)
-        self._target_params = params(critic_target)
-        self.opt = adam(self._params, cfg.critic_lr, 0.0)
+        self.params = base.params(critic)
+        self.opt = base.adam(self.params, cfg.critic_lr, 0.0)
 
     def td_target(self, batch: Batch) -> torch.Tensor:
         """r + gamma * (1 - done) * (min(Q1', Q2')(s', a') - alpha * log pi(a'|s')), a' ~ pi."""
@@ -150,39 +183,37 @@ class SACCriticPart:
     def compile(self, options: CompileOptions) -> None:
         """From now on update with the compiled step (common/algorithms/steps.py)."""
         if options.enabled:
-            self.fast = steps.sac_critic(self, options, self._params[0].device)
+            self.fast = steps.sac_critic(self, options, self.params[0].device)
 
     def update(self, batch: Batch, want_metrics: bool = True) -> dict[str, float]:
         """One critic step, then Polyak the critic targets."""
         if self.fast is not None:
             return self.fast.update(batch, want_metrics)
-        return critic_step(self, batch, self.td_target(batch), True, want_metrics)
+        return base.critic_step(self, batch, self.td_target(batch), True, want_metrics)
 
     def critic_state(self) -> State:
-        return module_state(self.critic)
+        return base.module_state(self.critic)
 
     def load_actor(self, state: State, target: State | None, extras: Mapping[str, float]) -> None:
         """Copy the online actor and the temperature (``log_alpha``, else log of ``alpha``)."""
         if self.shared:
             return
-        load_module_state(self.actor, state)
+        base.load_module_state(self.actor, state)
         la = extras["log_alpha"] if "log_alpha" in extras else math.log(extras["alpha"])
         with torch.no_grad():
             self.log_alpha.fill_(la)
 
+    def named(self) -> Named:
+        """What it checkpoints, by name (the actor and temperature copies when it owns them)."""
+        named: Named = {"critic": self.critic, "critic_target": self.critic_target, "opt": self.opt,
+                        "generator": self.generator}
+        return named if self.shared else {**named, "actor": self.actor, "log_alpha": self.log_alpha}
+
     def save(self) -> dict[str, Any]:
-        d = save_critics(self)
-        if not self.shared:
-            d["actor"] = module_snapshot(self.actor)
-            d["log_alpha"] = self.log_alpha.detach().clone()
-        return d
+        return base.save_named(self.algo, self.updates, self.named(), self.sparse)
 
     def load(self, d: dict[str, Any]) -> None:
-        load_critics(self, d)
-        if not self.shared:
-            self.actor.load_state_dict(d["actor"])
-            with torch.no_grad():
-                self.log_alpha.copy_(d["log_alpha"])
+        self.updates = base.load_named("sac critic part", self.algo, self.named(), d, self.sparse)
         if self.fast is not None:
             self.fast.rebind()
 
@@ -190,20 +221,26 @@ class SACCriticPart:
 def build(obs_dim: int, act_dim: int, low: np.ndarray, high: np.ndarray, cfg: SACConfig,
           device: torch.device, shared: bool, seed: int,
           sp: Sparsifier) -> tuple[SACActorPart, SACCriticPart]:
-    """SAC's parts (see common.algorithms.make_parts)."""
-    actor = seeded(sub_seed(seed, ACTOR_INIT), lambda: GaussianActor(
-        obs_dim, act_dim, cfg.hidden, low, high, cfg.log_std_min, cfg.log_std_max)).to(device)
+    """SAC's parts (see common.algorithms.build.make_parts)."""
+    actor = builder.network(seed, builder.ACTOR_INIT, device, lambda: networks.GaussianActor(
+        obs_dim, act_dim, cfg.hidden, low, high, cfg.log_std_min, cfg.log_std_max))
     actor_topology = sp.mask(actor, "actor")
-    critic, critic_target, critic_topology = critics(obs_dim, act_dim, cfg, device, seed, sp)
-    log_alpha = torch.tensor(float(np.log(cfg.init_alpha)), dtype=torch.float32, device=device)
+    critic, critic_topology = builder.twin_critics(obs_dim, act_dim, cfg.hidden, device, seed, sp)
+    log_alpha = torch.tensor(math.log(cfg.init_alpha), dtype=torch.float32, device=device)
     log_alpha = torch.nn.Parameter(log_alpha, requires_grad=cfg.autotune)
     target_entropy = -float(act_dim) if cfg.target_entropy is None else cfg.target_entropy
-    actor_part = SACActorPart(actor, critic if shared else frozen_copy(critic), log_alpha, cfg,
-                              shared, make_generator(device, sub_seed(seed, ACTOR_RNG)),
+    actor_part = SACActorPart(actor, critic if shared else base.frozen_copy(critic), log_alpha, cfg,
+                              shared, builder.generator(device, seed, builder.ACTOR_RNG),
                               target_entropy, sparse=actor_topology)
-    critic_part = SACCriticPart(critic, critic_target,
-                                actor if shared else frozen_copy(actor),
+    critic_part = SACCriticPart(critic, actor if shared else base.frozen_copy(actor),
                                 log_alpha if shared else log_alpha.detach().clone(), cfg,
-                                shared, make_generator(device, sub_seed(seed, CRITIC_RNG)),
+                                shared, builder.generator(device, seed, builder.CRITIC_RNG),
                                 sparse=critic_topology)
     return actor_part, critic_part
+
+
+ALGORITHM = Algorithm(name="sac", config=SACConfig, build=build,
+                      policy_delay=lambda cfg: 1,
+                      exploration_noise=lambda cfg: 0.0,  # explores by sampling its own Gaussian
+                      actor_nets=("actor",),  # TD targets use the online actor (and the temperature in extras)
+                      numpy_actor=NumpyLayout(trunk="trunk", head="head", stochastic=True))

@@ -93,7 +93,7 @@ class CriticStep(FastUpdate):
                  device: torch.device) -> None:
         super().__init__(part, part.cfg.tau, device)
         self.polyak_every = polyak_every
-        t = self.trained = Trained(part._params, part.opt, part._target_params, part.sparse)
+        t = self.trained = Trained(part.params, part.opt, part.target.params, part.sparse)
 
         def step(obs: torch.Tensor, action: torch.Tensor, reward: torch.Tensor, next_obs: torch.Tensor,
                  done: torch.Tensor, noise: torch.Tensor, tau: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -128,8 +128,8 @@ class CriticStep(FastUpdate):
 
 
 def td3_critic(part: Any, options: CompileOptions, device: torch.device) -> CriticStep:
-    cfg, targets, actor_target = part.cfg, part._target_params, part.actor_target
-    scale, low, high = part._scale, part._low, part._high
+    cfg, targets, actor_target = part.cfg, part.target.params, part.actor_target
+    scale, low, high = part.scale, part.low, part.high
 
     def target_fn(next_obs: torch.Tensor, reward: torch.Tensor, done: torch.Tensor,
                   noise: torch.Tensor) -> torch.Tensor:
@@ -143,7 +143,7 @@ def td3_critic(part: Any, options: CompileOptions, device: torch.device) -> Crit
 
 
 def sac_critic(part: Any, options: CompileOptions, device: torch.device) -> CriticStep:
-    cfg, targets, actor, log_alpha = part.cfg, part._target_params, part.actor, part.log_alpha
+    cfg, targets, actor, log_alpha = part.cfg, part.target.params, part.actor, part.log_alpha
 
     def target_fn(next_obs: torch.Tensor, reward: torch.Tensor, done: torch.Tensor,
                   eps: torch.Tensor) -> torch.Tensor:
@@ -160,7 +160,7 @@ class TD3ActorStep(FastUpdate):
 
     def __init__(self, part: Any, options: CompileOptions, device: torch.device) -> None:
         super().__init__(part, part.cfg.tau, device)
-        t = self.trained = Trained(part._params, part.opt, part._target_params, part.sparse)
+        t = self.trained = Trained(part.params, part.opt, part.target.params, part.sparse)
         actor, names = part.actor, [n for n, _ in part.actor.named_parameters()]
         critic = list(part.critic.parameters())
 
@@ -191,7 +191,7 @@ class SACActorStep(FastUpdate):
 
     def __init__(self, part: Any, options: CompileOptions, device: torch.device) -> None:
         super().__init__(part, 0.0, device)
-        t = self.trained = Trained(part._params, part.opt, (), part.sparse)
+        t = self.trained = Trained(part.params, part.opt, (), part.sparse)
         actor, names = part.actor, [n for n, _ in part.actor.named_parameters()]
         critic, log_alpha = list(part.critic.parameters()), part.log_alpha
         alpha_adam = AdamState(part.alpha_opt) if part.alpha_opt is not None else None

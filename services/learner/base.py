@@ -166,8 +166,8 @@ class LearnerBase(Service):
 
         def work() -> float:
             for part in shadows:
-                part.compile(options)
-            return sum(part.fast.warm_up(dummy) for part in shadows)
+                part.compile(options)  # an algorithm without a compiled step leaves fast None
+            return sum(part.fast.warm_up(dummy) for part in shadows if part.fast is not None)
 
         # No compiled step may run while dynamo compiles in the worker thread (with guards
         # off, a call then fails as a recompile): the live parts update eagerly meanwhile,
@@ -199,7 +199,7 @@ class LearnerBase(Service):
         for live, shadow in zip(self.trained(), shadows):
             shadow.load(live.save())  # rebinds the compiled step's optimizer state too
         self.train_with(shadows)
-        self.fast = [part.fast for part in shadows]
+        self.fast = [part.fast for part in shadows if part.fast is not None]
         check_guards(False)
         self.batches.batch_size = self.compiling_for
         self.record_compile_s(seconds)

@@ -135,13 +135,13 @@ def inproc_rate(cfg: Config, seconds: float, side: str) -> dict[str, float]:
 
             def step(b: dict[str, torch.Tensor], want: bool) -> None:
                 plain(b, want)
-        else:
-            if side == "compiled":  # (and "plain" of an algorithm without a textbook loop: its eager update)
+        else:  # compiled, eager, and the plain side of an algorithm without a textbook loop (its eager update)
+            if side == "compiled":
                 torch._dynamo.reset()  # this process builds many parts: keep one cache entry each
                 options = CompileOptions(True, cfg.learner.cuda_graphs)
                 actor.compile(options)
                 critic.compile(options)
-                out["compile_s"] = critic.fast.warm_up(batches[0]) + actor.fast.warm_up(batches[0])
+                out["compile_s"] = sum(p.fast.warm_up(batches[0]) for p in (critic, actor) if p.fast is not None)
                 check_guards(False)  # as the learner does once its steps are compiled
 
             def step(b: dict[str, torch.Tensor], want: bool) -> None:
@@ -175,8 +175,9 @@ def compile_probe(algo: str, hidden: tuple[int, ...], batch: int, threads: int, 
     actor.compile(options)
     critic.compile(options)
     dummy = layout.columns(torch.rand((batch, layout.width), device=device_of(device)))
-    critic.fast.warm_up(dummy)
-    actor.fast.warm_up(dummy)
+    for part in (critic, actor):
+        if part.fast is not None:
+            part.fast.warm_up(dummy)
     print(json.dumps({"compile_s": time.perf_counter() - t0}))
 
 

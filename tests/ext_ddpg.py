@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
     from common import networks
     from common.algorithms import base, build as builder
-    from common.algorithms.base import Batch, Named, State
+    from common.algorithms.base import Batch, CompiledUpdate, Named, State
     from common.algorithms.build import Sparsifier
     from common.algorithms.compiled import CompileOptions
     from common.networks import DeterministicActor
@@ -70,7 +70,7 @@ class DDPGActorPart:
         self.actor, self.critic, self.cfg, self.shared, self.sparse = actor, critic, cfg, shared, sparse
         self.target = base.Target(actor, sparse, cfg.tau)
         self.updates = 0
-        self.fast: Any = None  # no compiled step: it updates eagerly
+        self.fast: CompiledUpdate | None = None  # no compiled step: it updates eagerly
         self.params = base.params(actor)
         self.opt = base.adam(self.params, cfg.actor_lr, 0.0)
 
@@ -123,7 +123,7 @@ class DDPGCriticPart:
         self.critic, self.actor_target, self.cfg, self.shared, self.sparse = critic, actor_target, cfg, shared, sparse
         self.target = base.Target(critic, sparse, cfg.tau)
         self.updates = 0
-        self.fast: Any = None
+        self.fast: CompiledUpdate | None = None
         self.params = base.params(critic)
         self.opt = base.adam(self.params, cfg.critic_lr, 0.0)
 

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from common.algorithms.compiled import CompiledStep, CompileOptions
 from common.sparse import SparseTopology
 
 Batch = dict[str, torch.Tensor]
@@ -34,16 +35,26 @@ State = dict[str, np.ndarray]
 M = TypeVar("M", bound=nn.Module)
 
 
+class CompiledUpdate(Protocol):
+    """A part's compiled update (common/algorithms/steps.py), as the learner drives it."""
+
+    @property
+    def step(self) -> CompiledStep: ...  # the compiled function (its compile count and seconds)
+    def warm_up(self, batch: Batch) -> float: ...
+    def update(self, batch: Batch, want_metrics: bool) -> dict[str, float]: ...
+    def rebind(self) -> None: ...
+
+
 class ActorPart(Protocol):
     """The actor-learner's half: actor (+ SAC temperature) and a read-only critic copy."""
 
     updates: int
     policy_delay: int  # call update() once per this many critic updates (TD3: d, SAC: 1)
     sparse: SparseTopology | None  # the actor's masks (None: dense)
-    fast: Any  # the compiled step (common/algorithms/steps.py) once compile() ran, else None
+    fast: CompiledUpdate | None  # the compiled step once compile() ran (None: eager; an algorithm may have none)
     algo: str  # the algorithm's name, written into its checkpoints
 
-    def compile(self, options: Any) -> None: ...
+    def compile(self, options: CompileOptions) -> None: ...
     def update(self, batch: Batch, want_metrics: bool = True) -> dict[str, float]: ...
     def actor_state(self) -> State: ...
     def target_actor_state(self) -> State | None: ...
@@ -58,10 +69,10 @@ class CriticPart(Protocol):
 
     updates: int
     sparse: SparseTopology | None  # the critics' masks (None: dense)
-    fast: Any  # the compiled step (common/algorithms/steps.py) once compile() ran, else None
+    fast: CompiledUpdate | None  # the compiled step once compile() ran (None: eager; an algorithm may have none)
     algo: str  # the algorithm's name, written into its checkpoints
 
-    def compile(self, options: Any) -> None: ...
+    def compile(self, options: CompileOptions) -> None: ...
     def update(self, batch: Batch, want_metrics: bool = True) -> dict[str, float]: ...
     def critic_state(self) -> State: ...
     def load_actor(self, state: State, target: State | None,

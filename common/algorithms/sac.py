@@ -27,10 +27,9 @@ if TYPE_CHECKING:
 
     from common import networks
     from common.algorithms import base, build as builder, steps
-    from common.algorithms.base import Batch, Named, State, Target
+    from common.algorithms.base import Batch, CompiledUpdate, Named, State, Target
     from common.algorithms.build import Sparsifier
     from common.algorithms.compiled import CompileOptions
-    from common.algorithms.steps import FastUpdate
     from common.networks import GaussianActor, TwinCritic
     from common.sparse import SparseTopology
 else:
@@ -86,7 +85,7 @@ class SACActorPart:
         self.target_entropy = target_entropy
         self.policy_delay = 1
         self.updates = 0
-        self.fast: FastUpdate | None = None  # the compiled step, once compile() ran
+        self.fast: CompiledUpdate | None = None  # the compiled step, once compile() ran
         self.params = base.params(actor)
         self.opt = base.adam(self.params, cfg.actor_lr, 0.0)
         self.alpha_opt = base.adam([log_alpha], cfg.alpha_lr, 0.0) if cfg.autotune else None
@@ -167,7 +166,7 @@ class SACCriticPart:
         self.target: Target[TwinCritic] = base.Target(critic, sparse, cfg.tau)
         self.critic_target: TwinCritic = self.target.network
         self.updates = 0
-        self.fast: FastUpdate | None = None  # the compiled step, once compile() ran
+        self.fast: CompiledUpdate | None = None  # the compiled step, once compile() ran
         self.params = base.params(critic)
         self.opt = base.adam(self.params, cfg.critic_lr, 0.0)
 

@@ -18,20 +18,117 @@ Each step does exactly what the part's eager ``update`` does, as one function:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
+from torch import nn
 from torch.func import functional_call, grad_and_value
 
-from common.algorithms.base import Batch, polyak, scalars, sparse_prune, with_sparse
+from common.algorithms.base import Batch, Target, polyak, scalars, sparse_prune, with_sparse
 from common.algorithms.compiled import AdamState, CompiledStep, CompileOptions, Trained
 from common.networks import q1_only, twin_q
+from common.sparse import SparseTopology
 
 BATCH_KEYS = ("obs", "action", "reward", "next_obs", "done")
 TargetFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def _noise(part: Any, batch: Batch) -> torch.Tensor:
+class Trainee(Protocol):
+    """What a compiled step uses of the part it updates (public members only)."""
+
+    updates: int
+
+    @property
+    def params(self) -> list[torch.Tensor]: ...  # the trained network's parameters, in order
+    @property
+    def opt(self) -> torch.optim.Optimizer: ...  # their Adam (its state is the step's)
+    @property
+    def sparse(self) -> SparseTopology | None: ...  # their masks (None: dense)
+
+
+class Noisy(Trainee, Protocol):
+    @property
+    def generator(self) -> torch.Generator: ...  # the part's noise RNG
+
+
+class Hyper(Protocol):
+    """The hyperparameters the TD3 and SAC steps read (TD3Config, SACConfig)."""
+
+    @property
+    def tau(self) -> float: ...
+    @property
+    def gamma(self) -> float: ...
+
+
+class TD3Hyper(Hyper, Protocol):
+    @property
+    def policy_noise(self) -> float: ...
+    @property
+    def noise_clip(self) -> float: ...
+    @property
+    def policy_delay(self) -> int: ...
+
+
+class TwinCriticPart(Noisy, Protocol):
+    @property
+    def cfg(self) -> Hyper: ...
+    @property
+    def target(self) -> Target[Any]: ...
+
+
+class TD3Critic(TwinCriticPart, Protocol):
+    """TD3's critic part as its compiled step sees it."""
+
+    @property
+    def cfg(self) -> TD3Hyper: ...
+    @property
+    def actor_target(self) -> nn.Module: ...
+    @property
+    def scale(self) -> torch.Tensor: ...  # half action ranges
+    @property
+    def low(self) -> torch.Tensor: ...
+    @property
+    def high(self) -> torch.Tensor: ...
+
+
+class SACCritic(TwinCriticPart, Protocol):
+    """SAC's critic part as its compiled step sees it."""
+
+    @property
+    def actor(self) -> nn.Module: ...
+    @property
+    def log_alpha(self) -> torch.Tensor: ...
+
+
+class TD3Actor(Trainee, Protocol):
+    """TD3's actor part as its compiled step sees it."""
+
+    @property
+    def cfg(self) -> Hyper: ...
+    @property
+    def target(self) -> Target[Any]: ...
+    @property
+    def actor(self) -> nn.Module: ...
+    @property
+    def critic(self) -> nn.Module: ...
+
+
+class SACActor(Noisy, Protocol):
+    """SAC's actor part as its compiled step sees it."""
+
+    @property
+    def actor(self) -> nn.Module: ...
+    @property
+    def critic(self) -> nn.Module: ...
+    @property
+    def log_alpha(self) -> torch.Tensor: ...
+    @property
+    def alpha_opt(self) -> torch.optim.Optimizer | None: ...
+    @property
+    def target_entropy(self) -> float: ...
+
+
+def _noise(part: Noisy, batch: Batch) -> torch.Tensor:
     """A standard normal draw of the action batch's shape from the part's generator."""
     a = batch["action"]
     return torch.randn(a.shape, generator=part.generator, device=a.device, dtype=a.dtype)
@@ -48,7 +145,7 @@ class FastUpdate:
     step: CompiledStep
     trained: Trained
 
-    def __init__(self, part: Any, tau: float, device: torch.device) -> None:
+    def __init__(self, part: Trainee, tau: float, device: torch.device) -> None:
         self.part, self.tau = part, tau
         self.tau_on, self.tau_off = _taus(tau, device)
 
@@ -77,7 +174,7 @@ class FastUpdate:
         sparse = self.part.sparse
         adapting = sparse is not None and sparse.due(n)
         out = self.step(*self.inputs(batch, polyak_due and not adapting))
-        if adapting:
+        if adapting and sparse is not None:
             sparse.adapt(self.part.opt)
             if polyak_due:
                 polyak(self.trained.targets, self.trained.params, self.tau)
@@ -89,9 +186,10 @@ class FastUpdate:
 class CriticStep(FastUpdate):
     """TD3 / SAC critic update: TD target (``target_fn``), twin regression, Adam, Polyak."""
 
-    def __init__(self, part: Any, target_fn: TargetFn, polyak_every: int, options: CompileOptions,
+    def __init__(self, part: TwinCriticPart, target_fn: TargetFn, polyak_every: int, options: CompileOptions,
                  device: torch.device) -> None:
         super().__init__(part, part.cfg.tau, device)
+        self.noisy = part
         self.polyak_every = polyak_every
         t = self.trained = Trained(part.params, part.opt, part.target.params, part.sparse)
 
@@ -112,7 +210,7 @@ class CriticStep(FastUpdate):
         self.step = CompiledStep(step, t.mutated(), device, options)
 
     def inputs(self, batch: Batch, with_polyak: bool) -> list[torch.Tensor]:
-        return [*(batch[k] for k in BATCH_KEYS), _noise(self.part, batch),
+        return [*(batch[k] for k in BATCH_KEYS), _noise(self.noisy, batch),
                 self.tau_on if with_polyak else self.tau_off]
 
     def _dummy_inputs(self, batch: Batch) -> list[torch.Tensor]:
@@ -127,7 +225,7 @@ class CriticStep(FastUpdate):
         return with_sparse(scalars([("critic_loss", loss), ("q_mean", q_mean)]), self.part.sparse)
 
 
-def td3_critic(part: Any, options: CompileOptions, device: torch.device) -> CriticStep:
+def td3_critic(part: TD3Critic, options: CompileOptions, device: torch.device) -> CriticStep:
     cfg, targets, actor_target = part.cfg, part.target.params, part.actor_target
     scale, low, high = part.scale, part.low, part.high
 
@@ -142,7 +240,7 @@ def td3_critic(part: Any, options: CompileOptions, device: torch.device) -> Crit
     return CriticStep(part, target_fn, cfg.policy_delay, options, device)
 
 
-def sac_critic(part: Any, options: CompileOptions, device: torch.device) -> CriticStep:
+def sac_critic(part: SACCritic, options: CompileOptions, device: torch.device) -> CriticStep:
     cfg, targets, actor, log_alpha = part.cfg, part.target.params, part.actor, part.log_alpha
 
     def target_fn(next_obs: torch.Tensor, reward: torch.Tensor, done: torch.Tensor,
@@ -158,7 +256,7 @@ def sac_critic(part: Any, options: CompileOptions, device: torch.device) -> Crit
 class TD3ActorStep(FastUpdate):
     """Deterministic policy gradient on -Q1(s, pi(s)), Adam, Polyak of the target actor."""
 
-    def __init__(self, part: Any, options: CompileOptions, device: torch.device) -> None:
+    def __init__(self, part: TD3Actor, options: CompileOptions, device: torch.device) -> None:
         super().__init__(part, part.cfg.tau, device)
         t = self.trained = Trained(part.params, part.opt, part.target.params, part.sparse)
         actor, names = part.actor, [n for n, _ in part.actor.named_parameters()]
@@ -189,8 +287,9 @@ class TD3ActorStep(FastUpdate):
 class SACActorStep(FastUpdate):
     """Actor step on E[alpha*logp - min Q], then the temperature step (autotune)."""
 
-    def __init__(self, part: Any, options: CompileOptions, device: torch.device) -> None:
+    def __init__(self, part: SACActor, options: CompileOptions, device: torch.device) -> None:
         super().__init__(part, 0.0, device)
+        self.noisy = part
         t = self.trained = Trained(part.params, part.opt, (), part.sparse)
         actor, names = part.actor, [n for n, _ in part.actor.named_parameters()]
         critic, log_alpha = list(part.critic.parameters()), part.log_alpha
@@ -221,7 +320,7 @@ class SACActorStep(FastUpdate):
         self.step = CompiledStep(step, mutated, device, options)
 
     def inputs(self, batch: Batch, with_polyak: bool) -> list[torch.Tensor]:
-        return [batch["obs"], _noise(self.part, batch)]
+        return [batch["obs"], _noise(self.noisy, batch)]
 
     def _dummy_inputs(self, batch: Batch) -> list[torch.Tensor]:
         return [batch["obs"], torch.randn_like(batch["action"])]

@@ -27,10 +27,9 @@ if TYPE_CHECKING:
 
     from common import networks
     from common.algorithms import base, build as builder, steps
-    from common.algorithms.base import Batch, Named, State, Target
+    from common.algorithms.base import Batch, CompiledUpdate, Named, State, Target
     from common.algorithms.build import Sparsifier
     from common.algorithms.compiled import CompileOptions
-    from common.algorithms.steps import FastUpdate
     from common.networks import DeterministicActor, TwinCritic
     from common.sparse import SparseTopology
 else:
@@ -87,7 +86,7 @@ class TD3ActorPart:
         self.actor_target: DeterministicActor = self.target.network
         self.policy_delay = cfg.policy_delay
         self.updates = 0
-        self.fast: FastUpdate | None = None  # the compiled step, once compile() ran
+        self.fast: CompiledUpdate | None = None  # the compiled step, once compile() ran
         self.params = base.params(actor)
         self.opt = base.adam(self.params, cfg.actor_lr, cfg.weight_decay)
 
@@ -154,7 +153,7 @@ class TD3CriticPart:
         self.target: Target[TwinCritic] = base.Target(critic, sparse, cfg.tau)
         self.critic_target: TwinCritic = self.target.network
         self.updates = 0
-        self.fast: FastUpdate | None = None  # the compiled step, once compile() ran
+        self.fast: CompiledUpdate | None = None  # the compiled step, once compile() ran
         self.params = base.params(critic)
         self.opt = base.adam(self.params, cfg.critic_lr, cfg.weight_decay)
         scale, bias = actor_target.scale.clone(), actor_target.bias.clone()

@@ -37,7 +37,7 @@ import torch
 # silence the heartbeats long enough for the supervisor to declare the learner dead.
 import torch._dynamo  # noqa: F401
 
-from common.algorithms.base import ActorPart, CriticPart
+from common.algorithms.base import ActorPart, CompiledUpdate, CriticPart
 from common.algorithms.build import make_parts
 from common.algorithms.compiled import CompileOptions, check_guards, compile_cache_dir, use_compile_cache
 from common.checkpoint_spec import check_made_for, made_for, write_sidecar
@@ -108,7 +108,7 @@ class LearnerBase(Service):
         self.losses: dict[str, float] = {}
         self.tasks: list[asyncio.Task[Any]] = []
         self.ready = False  # restored from the run's checkpoint (if any): only then may close() checkpoint
-        self.fast: list[Any] = []  # the compiled steps of the parts this learner trains
+        self.fast: list[CompiledUpdate] = []  # the compiled steps of the parts this learner trains
         self.compiling: asyncio.Future[float] | None = None  # a compile of `shadows` in a worker thread
         self.shadows: tuple[ActorPart | CriticPart, ...] = ()  # the parts it compiles
         self.compiling_for = lc.batch_size  # the batch size it compiles for

@@ -21,7 +21,6 @@ from common.algorithms.base import CheckpointMismatch, fused_step
 from common.algorithms.build import make_parts
 from common.config import load_config
 from common.errors import ConfigError
-from tests.test_integration import records
 
 ROOT = Path(__file__).resolve().parents[1]
 DDPG = "tests.ext_ddpg"
@@ -121,16 +120,13 @@ def train(run_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
 
 
-def learner_updates(run_dir: Path, service: str) -> int:
-    return max((r.get("updates", 0) for r in records(run_dir, "metrics") if r.get("service") == service), default=0)
-
-
 @pytest.mark.timeout(600)
 def test_ddpg_trains_split_and_fused_through_the_services_and_resumes(tmp_path: Path) -> None:
     split = train(tmp_path / "split", "--total-steps", "1200", "learner.mode=split")
     assert split.returncode == 0, split.stdout + split.stderr
-    assert learner_updates(tmp_path / "split", "critic_learner") > 0
-    assert learner_updates(tmp_path / "split", "actor_learner") > 0
+    for role in ("critic_learner", "actor_learner"):  # their checkpoints (a short run may end before metrics)
+        saved = torch.load(tmp_path / "split" / "checkpoints" / f"{role}.pt", weights_only=False)
+        assert saved["updates"] > 0, role
     run = tmp_path / "fused"
     fused = train(run, "--total-steps", "1200", "learner.mode=fused")
     assert fused.returncode == 0, fused.stdout + fused.stderr

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from common.algorithms import ALGOS, algorithm
 from common.algorithms.sac import SACConfig
 from common.algorithms.td3 import TD3Config
 from common.algorithms.base import fused_step
@@ -55,7 +56,8 @@ def _fresh_dynamo() -> None:
 
 
 def _cfg(algo: str) -> TD3Config | SACConfig:
-    return TD3Config(hidden=(16, 16)) if algo == "td3" else SACConfig(hidden=(16, 16))
+    cfg: TD3Config | SACConfig = algorithm(algo).config(hidden=(16, 16))
+    return cfg
 
 
 CUDA = pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))
@@ -141,7 +143,7 @@ def test_warm_up_compiles_without_changing_state() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("algo", ["td3", "sac"])
+@pytest.mark.parametrize("algo", ALGOS)  # every built-in: its compiled step comes from its own update functions
 def test_compiled_split_equals_compiled_fused(algo: str) -> None:
     fused = _parts(algo, compiled=True)
     actor, critic = _parts(algo, shared=False, compiled=True)

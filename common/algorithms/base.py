@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from common.algorithms.compiled import CompiledStep, CompileOptions
+from common.networks import twin_q
 from common.sparse import SparseTopology
 
 Batch = dict[str, torch.Tensor]
@@ -278,11 +279,19 @@ def _check_shapes(what: str, mine: Mapping[str, torch.Tensor], saved: Any) -> No
                                      f"{tuple(tensor.shape)}")
 
 
+def twin_loss(params: list[torch.Tensor], obs: torch.Tensor, action: torch.Tensor,
+              y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The twin critics' regression toward ``y`` from their parameters (TD3 and SAC, eager and
+    compiled): the sum of both heads' mean squared errors, and Q1's mean."""
+    q = twin_q(params, obs, action)
+    return (q - y).square().mean(1).sum(), q[0].mean()
+
+
 class TwinCriticTrainer(Protocol):
     """What `critic_step` uses of a critic part that regresses twin critics (TD3, SAC)."""
 
     @property
-    def critic(self) -> nn.Module: ...
+    def params(self) -> list[torch.Tensor]: ...
     @property
     def opt(self) -> torch.optim.Optimizer: ...
     @property
@@ -296,8 +305,7 @@ def critic_step(part: TwinCriticTrainer, batch: Batch, y: torch.Tensor, update_t
                 want_metrics: bool) -> dict[str, float]:
     """One twin-critic regression step toward `y`, shared by TD3 and SAC: MSE of both
     heads, optimizer step, sparse mask step, then (if asked) the target update."""
-    q1, q2 = part.critic(batch["obs"], batch["action"])
-    loss = torch.nn.functional.mse_loss(q1, y) + torch.nn.functional.mse_loss(q2, y)
+    loss, q_mean = twin_loss(part.params, batch["obs"], batch["action"], y)
     part.opt.zero_grad(set_to_none=True)
     loss.backward()
     part.opt.step()
@@ -307,4 +315,4 @@ def critic_step(part: TwinCriticTrainer, batch: Batch, y: torch.Tensor, update_t
         part.target.update()
     if not want_metrics:
         return {}
-    return with_sparse(scalars([("critic_loss", loss), ("q_mean", q1.mean())]), part.sparse)
+    return with_sparse(scalars([("critic_loss", loss), ("q_mean", q_mean)]), part.sparse)

@@ -10,6 +10,7 @@ before any target or peer copy is made, so every copy starts with the same topol
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 
 import numpy as np
@@ -17,6 +18,7 @@ import torch
 
 from common.algorithms import algorithm
 from common.algorithms.base import ActorPart, CriticPart, M, seeded
+from common.algorithms.lazy import resolve
 from common.networks import TwinCritic
 from common.sparse import SparseTopology, build_topology
 from common.sparse_config import SparseConfig
@@ -77,5 +79,6 @@ def make_parts(algo: str, obs_dim: int, act_dim: int, action_low: np.ndarray,
     if sparse is not None:
         sparse.validate()
     cfg.validate()  # type: ignore[attr-defined]
+    resolve(vars(sys.modules[spec.build.__module__]))  # its update traced by torch.compile sees real modules
     return spec.build(obs_dim, act_dim, action_low, action_high, cfg, device, shared, seed,
                       Sparsifier(sparse, seed, total_updates))

@@ -36,3 +36,14 @@ class LazyModule(types.ModuleType):
 def lazy(name: str) -> Any:
     """A stand-in for module ``name`` that imports it when first used."""
     return LazyModule(name)
+
+
+def resolve(namespace: dict[str, Any]) -> None:
+    """Replace every `lazy` module in ``namespace`` (a module's globals) by the module itself.
+
+    `make_parts` does this for the algorithm's module before building it: from then on its
+    functions see real modules, which torch.compile traces like any other (a stand-in's
+    ``__getattr__`` it would not)."""
+    for key, value in list(namespace.items()):
+        if isinstance(value, LazyModule):
+            namespace[key] = importlib.import_module(value.__name__)

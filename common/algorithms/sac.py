@@ -68,6 +68,31 @@ class SACConfig:
               f"must be < sac.log_std_max={self.log_std_max}")
 
 
+def td_target(cfg: SACConfig, actor: torch.nn.Module, target_params: list[torch.Tensor], log_alpha: torch.Tensor,
+              next_obs: torch.Tensor, reward: torch.Tensor, done: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
+    """r + gamma * (1 - done) * (min(Q1', Q2')(s', a') - alpha * log pi(a'|s')), a' ~ pi (noise ``eps``)."""
+    a, logp = actor(next_obs, eps=eps)
+    tq = networks.twin_q(target_params, next_obs, a)
+    v = torch.minimum(tq[0], tq[1]) - log_alpha.exp() * logp
+    return torch.addcmul(reward, 1.0 - done, v, value=cfg.gamma)
+
+
+def actor_loss(actor: torch.nn.Module, names: list[str], critic_params: list[torch.Tensor],
+               params: list[torch.Tensor], obs: torch.Tensor, eps: torch.Tensor,
+               alpha: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(E[alpha * log pi(a|s) - min(Q1, Q2)(s, a)], log pi(a|s)), a from the actor's parameters."""
+    a, logp = torch.func.functional_call(actor, dict(zip(names, params)), (obs,), {"eps": eps})
+    q = networks.twin_q(critic_params, obs, a)
+    return (alpha * logp - torch.minimum(q[0], q[1])).mean(), logp
+
+
+def temperature_loss(log_alpha: torch.Tensor, logp: torch.Tensor,
+                     target_entropy: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The temperature's loss -E[log_alpha * (log pi + target entropy)] and its gradient in log_alpha."""
+    c = logp + target_entropy
+    return -(log_alpha * c).mean(), -c.mean()
+
+
 class SACActorPart:
     """Gaussian actor, temperature ``log_alpha`` and (a copy of, unless shared) the critics.
 
@@ -83,6 +108,7 @@ class SACActorPart:
         self.actor, self.critic, self.log_alpha = actor, critic, log_alpha
         self.cfg, self.shared, self.generator, self.sparse = cfg, shared, generator, sparse
         self.target_entropy = target_entropy
+        self.act_dim = actor.head.out_features // 2  # the policy's noise per row (mean and log-std per action)
         self.policy_delay = 1
         self.updates = 0
         self.fast: CompiledUpdate | None = None  # the compiled step, once compile() ran
@@ -90,10 +116,28 @@ class SACActorPart:
         self.opt = base.adam(self.params, cfg.actor_lr, 0.0)
         self.alpha_opt = base.adam([log_alpha], cfg.alpha_lr, 0.0) if cfg.autotune else None
 
+    def loss(self) -> steps.StochasticLoss:
+        """`actor_loss` of (params, obs, eps, alpha), the critics' parameters read without gradient."""
+        actor, names = self.actor, [n for n, _ in self.actor.named_parameters()]
+        critic = list(self.critic.parameters())
+
+        def loss(params: list[torch.Tensor], obs: torch.Tensor, eps: torch.Tensor,
+                 alpha: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return actor_loss(actor, names, [p.detach() for p in critic], params, obs, eps, alpha)
+        return loss
+
+    def temperature(self) -> steps.TemperatureFn:
+        """`temperature_loss` of (log_alpha, logp) at this part's target entropy."""
+        target_entropy = self.target_entropy
+
+        def temperature(log_alpha: torch.Tensor, logp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return temperature_loss(log_alpha, logp, target_entropy)
+        return temperature
+
     def compile(self, options: CompileOptions) -> None:
         """From now on update with the compiled step (common/algorithms/steps.py)."""
         if options.enabled:
-            self.fast = steps.SACActorStep(self, options, self.params[0].device)
+            self.fast = steps.SACActorStep(self, self.loss(), self.temperature(), options, self.params[0].device)
 
     def update(self, batch: Batch, want_metrics: bool = True) -> dict[str, float]:
         """One actor step on E[alpha*logp - min Q], then one temperature step if autotune."""
@@ -101,18 +145,17 @@ class SACActorPart:
             return self.fast.update(batch, want_metrics)
         obs = batch["obs"]
         alpha = self.log_alpha.detach().exp()
-        action, logp = self.actor(obs, generator=self.generator)
-        q1, q2 = self.critic(obs, action)
-        loss = (alpha * logp - torch.minimum(q1, q2)).mean()
+        eps = torch.randn((obs.shape[0], self.act_dim), generator=self.generator, device=obs.device)
+        loss, logp = self.loss()(self.params, obs, eps, alpha)
         self.opt.zero_grad(set_to_none=True)
         loss.backward(inputs=self.params)  # no gradients into the critic's weights
         self.opt.step()
         base.sparse_step(self.sparse, self.opt, self.updates + 1)
-        metrics = [("actor_loss", loss), ("alpha", alpha), ("entropy", -logp.detach().mean())]
+        logp = logp.detach()
+        metrics = [("actor_loss", loss), ("alpha", alpha), ("entropy", -logp.mean())]
         if self.alpha_opt is not None:
-            alpha_loss = -(self.log_alpha * (logp.detach() + self.target_entropy)).mean()
-            self.alpha_opt.zero_grad(set_to_none=True)
-            alpha_loss.backward()
+            alpha_loss, grad = self.temperature()(self.log_alpha.detach(), logp)
+            self.log_alpha.grad = grad.reshape(self.log_alpha.shape)
             self.alpha_opt.step()
             metrics.append(("alpha_loss", alpha_loss))
         self.updates += 1
@@ -163,6 +206,7 @@ class SACCriticPart:
                  shared: bool, generator: torch.Generator, sparse: SparseTopology | None = None) -> None:
         self.critic, self.actor, self.log_alpha = critic, actor, log_alpha
         self.cfg, self.shared, self.generator, self.sparse = cfg, shared, generator, sparse
+        self.act_dim = actor.head.out_features // 2  # the policy's noise per row
         self.target: Target[TwinCritic] = base.Target(critic, sparse, cfg.tau)
         self.critic_target: TwinCritic = self.target.network
         self.updates = 0
@@ -170,19 +214,26 @@ class SACCriticPart:
         self.params = base.params(critic)
         self.opt = base.adam(self.params, cfg.critic_lr, 0.0)
 
+    def target_fn(self) -> steps.TargetFn:
+        """`td_target` of (next_obs, reward, done, eps) on this part's networks and temperature."""
+        cfg, actor, targets, log_alpha = self.cfg, self.actor, self.target.params, self.log_alpha
+
+        def target(next_obs: torch.Tensor, reward: torch.Tensor, done: torch.Tensor,
+                   eps: torch.Tensor) -> torch.Tensor:
+            return td_target(cfg, actor, targets, log_alpha, next_obs, reward, done, eps)
+        return target
+
     def td_target(self, batch: Batch) -> torch.Tensor:
-        """r + gamma * (1 - done) * (min(Q1', Q2')(s', a') - alpha * log pi(a'|s')), a' ~ pi."""
+        """`td_target` of the batch with a fresh draw of the policy's noise."""
         with torch.no_grad():
             next_obs = batch["next_obs"]
-            next_a, next_logp = self.actor(next_obs, generator=self.generator)
-            tq1, tq2 = self.critic_target(next_obs, next_a)
-            v = torch.minimum(tq1, tq2) - self.log_alpha.exp() * next_logp
-            return torch.addcmul(batch["reward"], 1.0 - batch["done"], v, value=self.cfg.gamma)
+            eps = torch.randn((next_obs.shape[0], self.act_dim), generator=self.generator, device=next_obs.device)
+            return self.target_fn()(next_obs, batch["reward"], batch["done"], eps)
 
     def compile(self, options: CompileOptions) -> None:
         """From now on update with the compiled step (common/algorithms/steps.py)."""
         if options.enabled:
-            self.fast = steps.sac_critic(self, options, self.params[0].device)
+            self.fast = steps.CriticStep(self, self.target_fn(), 1, options, self.params[0].device)
 
     def update(self, batch: Batch, want_metrics: bool = True) -> dict[str, float]:
         """One critic step, then Polyak the critic targets."""

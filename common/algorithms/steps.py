@@ -1,6 +1,9 @@
-"""The TD3 and SAC updates as compiled steps (machinery: common/algorithms/compiled.py).
+"""Compiled steps: an algorithm's update, from the functions its module writes once.
 
-Each step does exactly what the part's eager ``update`` does, as one function:
+The algorithm (common/algorithms/td3.py, sac.py) writes its TD target and its losses as
+functions of (parameters, batch, noise); its eager ``update`` calls them with autograd and
+torch's Adam, and the steps here call the same functions inside one compiled function
+(machinery: common/algorithms/compiled.py):
 
 - the twin critics run as one batched network (:func:`common.networks.twin_q`);
 - gradients come from ``torch.func.grad_and_value`` and Adam is written out
@@ -21,16 +24,18 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
-from torch import nn
-from torch.func import functional_call, grad_and_value
+from torch.func import grad_and_value
 
-from common.algorithms.base import Batch, Target, polyak, scalars, sparse_prune, with_sparse
+from common.algorithms.base import Batch, Target, polyak, scalars, sparse_prune, twin_loss, with_sparse
 from common.algorithms.compiled import AdamState, CompiledStep, CompileOptions, Trained
-from common.networks import q1_only, twin_q
 from common.sparse import SparseTopology
 
 BATCH_KEYS = ("obs", "action", "reward", "next_obs", "done")
-TargetFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+Tensor = torch.Tensor
+TargetFn = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]  # (next_obs, reward, done, noise) -> TD target
+ActorLoss = Callable[[list[Tensor], Tensor], Tensor]  # (actor params, obs) -> loss
+StochasticLoss = Callable[[list[Tensor], Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]  # (params, obs, eps, alpha) -> (loss, logp)
+TemperatureFn = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]  # (log_alpha, logp) -> (loss, d loss / d log_alpha)
 
 
 class Trainee(Protocol):
@@ -60,15 +65,6 @@ class Hyper(Protocol):
     def gamma(self) -> float: ...
 
 
-class TD3Hyper(Hyper, Protocol):
-    @property
-    def policy_noise(self) -> float: ...
-    @property
-    def noise_clip(self) -> float: ...
-    @property
-    def policy_delay(self) -> int: ...
-
-
 class TwinCriticPart(Noisy, Protocol):
     @property
     def cfg(self) -> Hyper: ...
@@ -76,56 +72,22 @@ class TwinCriticPart(Noisy, Protocol):
     def target(self) -> Target[Any]: ...
 
 
-class TD3Critic(TwinCriticPart, Protocol):
-    """TD3's critic part as its compiled step sees it."""
-
-    @property
-    def cfg(self) -> TD3Hyper: ...
-    @property
-    def actor_target(self) -> nn.Module: ...
-    @property
-    def scale(self) -> torch.Tensor: ...  # half action ranges
-    @property
-    def low(self) -> torch.Tensor: ...
-    @property
-    def high(self) -> torch.Tensor: ...
-
-
-class SACCritic(TwinCriticPart, Protocol):
-    """SAC's critic part as its compiled step sees it."""
-
-    @property
-    def actor(self) -> nn.Module: ...
-    @property
-    def log_alpha(self) -> torch.Tensor: ...
-
-
-class TD3Actor(Trainee, Protocol):
-    """TD3's actor part as its compiled step sees it."""
+class TargetedActor(Trainee, Protocol):
+    """A deterministic actor part with a target actor, as its compiled step sees it."""
 
     @property
     def cfg(self) -> Hyper: ...
     @property
     def target(self) -> Target[Any]: ...
-    @property
-    def actor(self) -> nn.Module: ...
-    @property
-    def critic(self) -> nn.Module: ...
 
 
 class SACActor(Noisy, Protocol):
     """SAC's actor part as its compiled step sees it."""
 
     @property
-    def actor(self) -> nn.Module: ...
-    @property
-    def critic(self) -> nn.Module: ...
-    @property
     def log_alpha(self) -> torch.Tensor: ...
     @property
     def alpha_opt(self) -> torch.optim.Optimizer | None: ...
-    @property
-    def target_entropy(self) -> float: ...
 
 
 def _noise(part: Noisy, batch: Batch) -> torch.Tensor:
@@ -199,8 +161,7 @@ class CriticStep(FastUpdate):
                 y = target_fn(next_obs, reward, done, noise)
 
             def loss_fn(ps: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-                q = twin_q(ps, obs, action)
-                return (q - y).square().mean(1).sum(), q[0].mean()
+                return twin_loss(ps, obs, action, y)
 
             grads, (loss, q_mean) = grad_and_value(loss_fn, has_aux=True)(t.inputs())
             with torch.no_grad():
@@ -225,53 +186,18 @@ class CriticStep(FastUpdate):
         return with_sparse(scalars([("critic_loss", loss), ("q_mean", q_mean)]), self.part.sparse)
 
 
-def td3_critic(part: TD3Critic, options: CompileOptions, device: torch.device) -> CriticStep:
-    cfg, targets, actor_target = part.cfg, part.target.params, part.actor_target
-    scale, low, high = part.scale, part.low, part.high
+class ActorStep(FastUpdate):
+    """A deterministic actor's update: its loss (``loss(params, obs)``), Adam, Polyak of its target."""
 
-    def target_fn(next_obs: torch.Tensor, reward: torch.Tensor, done: torch.Tensor,
-                  noise: torch.Tensor) -> torch.Tensor:
-        a = actor_target(next_obs)
-        noise = (noise * cfg.policy_noise).clamp(-cfg.noise_clip, cfg.noise_clip)
-        a = torch.clamp(torch.addcmul(a, noise, scale), low, high)
-        tq = twin_q(targets, next_obs, a)
-        return torch.addcmul(reward, 1.0 - done, torch.minimum(tq[0], tq[1]), value=cfg.gamma)
-
-    return CriticStep(part, target_fn, cfg.policy_delay, options, device)
-
-
-def sac_critic(part: SACCritic, options: CompileOptions, device: torch.device) -> CriticStep:
-    cfg, targets, actor, log_alpha = part.cfg, part.target.params, part.actor, part.log_alpha
-
-    def target_fn(next_obs: torch.Tensor, reward: torch.Tensor, done: torch.Tensor,
-                  eps: torch.Tensor) -> torch.Tensor:
-        a, logp = actor(next_obs, eps=eps)
-        tq = twin_q(targets, next_obs, a)
-        v = torch.minimum(tq[0], tq[1]) - log_alpha.exp() * logp
-        return torch.addcmul(reward, 1.0 - done, v, value=cfg.gamma)
-
-    return CriticStep(part, target_fn, 1, options, device)
-
-
-class TD3ActorStep(FastUpdate):
-    """Deterministic policy gradient on -Q1(s, pi(s)), Adam, Polyak of the target actor."""
-
-    def __init__(self, part: TD3Actor, options: CompileOptions, device: torch.device) -> None:
+    def __init__(self, part: TargetedActor, loss: ActorLoss, options: CompileOptions, device: torch.device) -> None:
         super().__init__(part, part.cfg.tau, device)
         t = self.trained = Trained(part.params, part.opt, part.target.params, part.sparse)
-        actor, names = part.actor, [n for n, _ in part.actor.named_parameters()]
-        critic = list(part.critic.parameters())
 
         def step(obs: torch.Tensor, tau: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            qs = [p.detach() for p in critic]
-
-            def loss_fn(ps: list[torch.Tensor]) -> torch.Tensor:
-                return -q1_only(qs, obs, functional_call(actor, dict(zip(names, ps)), (obs,))).mean()
-
-            grads, loss = grad_and_value(loss_fn)(t.inputs())
+            grads, value = grad_and_value(loss)(t.inputs(), obs)
             with torch.no_grad():
                 t.apply_(grads, tau)
-            return (loss.detach(),)
+            return (value.detach(),)
 
         self.step = CompiledStep(step, t.mutated(), device, options)
 
@@ -285,35 +211,29 @@ class TD3ActorStep(FastUpdate):
 
 
 class SACActorStep(FastUpdate):
-    """Actor step on E[alpha*logp - min Q], then the temperature step (autotune)."""
+    """Actor step on its loss (``loss(params, obs, eps, alpha) -> (loss, logp)``), then the
+    temperature step (autotune) from ``temperature(log_alpha, logp) -> (loss, gradient)``."""
 
-    def __init__(self, part: SACActor, options: CompileOptions, device: torch.device) -> None:
+    def __init__(self, part: SACActor, loss: StochasticLoss, temperature: TemperatureFn, options: CompileOptions,
+                 device: torch.device) -> None:
         super().__init__(part, 0.0, device)
         self.noisy = part
         t = self.trained = Trained(part.params, part.opt, (), part.sparse)
-        actor, names = part.actor, [n for n, _ in part.actor.named_parameters()]
-        critic, log_alpha = list(part.critic.parameters()), part.log_alpha
+        log_alpha = part.log_alpha
         alpha_adam = AdamState(part.alpha_opt) if part.alpha_opt is not None else None
-        self.alpha_adam, target_entropy = alpha_adam, part.target_entropy
+        self.alpha_adam = alpha_adam
 
         def step(obs: torch.Tensor, eps: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            qs, la = [p.detach() for p in critic], log_alpha.detach()
+            la = log_alpha.detach()
             alpha = la.exp()
-
-            def loss_fn(ps: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-                a, logp = functional_call(actor, dict(zip(names, ps)), (obs,), {"eps": eps})
-                q = twin_q(qs, obs, a)
-                return (alpha * logp - torch.minimum(q[0], q[1])).mean(), logp
-
-            grads, (loss, logp) = grad_and_value(loss_fn, has_aux=True)(t.inputs())
+            grads, (value, logp) = grad_and_value(loss, has_aux=True)(t.inputs(), obs, eps, alpha)
             with torch.no_grad():
                 t.apply_(grads, None)
-                out = (loss.detach(), alpha, -logp.mean())
+                out = (value.detach(), alpha, -logp.mean())
                 if alpha_adam is None:
                     return out
-                c = logp + target_entropy
-                alpha_loss = -(la * c).mean()  # before the step: la aliases log_alpha
-                alpha_adam.update_([-c.mean()])  # d/d(log_alpha) of -(log_alpha * c).mean()
+                alpha_loss, alpha_grad = temperature(la, logp)  # before the step: la aliases log_alpha
+                alpha_adam.update_([alpha_grad])
                 return (*out, alpha_loss)
 
         mutated = t.mutated() + ([log_alpha.detach(), *alpha_adam.tensors()] if alpha_adam else [])

@@ -68,6 +68,30 @@ class TD3Config:
               "td3.policy_delay", self.policy_delay, "must be an int >= 1")
 
 
+def smoothed_action(cfg: TD3Config, actor_target: torch.nn.Module, scale: torch.Tensor, low: torch.Tensor,
+                    high: torch.Tensor, next_obs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """Target policy smoothing: clip(pi'(s') + clip(noise * sigma, -c, c) * scale, low, high)."""
+    a = actor_target(next_obs)
+    noise = (noise * cfg.policy_noise).clamp(-cfg.noise_clip, cfg.noise_clip)
+    return torch.clamp(torch.addcmul(a, noise, scale), low, high)
+
+
+def td_target(cfg: TD3Config, actor_target: torch.nn.Module, target_params: list[torch.Tensor],
+              scale: torch.Tensor, low: torch.Tensor, high: torch.Tensor, next_obs: torch.Tensor,
+              reward: torch.Tensor, done: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """r + gamma * (1 - done) * min(Q1', Q2')(s', smoothed_action(s')), the target critics batched."""
+    tq = networks.twin_q(target_params, next_obs, smoothed_action(cfg, actor_target, scale, low, high,
+                                                                   next_obs, noise))
+    return torch.addcmul(reward, 1.0 - done, torch.minimum(tq[0], tq[1]), value=cfg.gamma)
+
+
+def actor_loss(actor: torch.nn.Module, names: list[str], critic_params: list[torch.Tensor],
+               params: list[torch.Tensor], obs: torch.Tensor) -> torch.Tensor:
+    """The deterministic policy gradient's loss -Q1(s, pi(s)), from the actor's parameters."""
+    action = torch.func.functional_call(actor, dict(zip(names, params)), (obs,))
+    return -networks.q1_only(critic_params, obs, action).mean()
+
+
 class TD3ActorPart:
     """Actor, target actor and (a copy of, unless shared) the online twin critic.
 
@@ -90,17 +114,25 @@ class TD3ActorPart:
         self.params = base.params(actor)
         self.opt = base.adam(self.params, cfg.actor_lr, cfg.weight_decay)
 
+    def loss(self) -> steps.ActorLoss:
+        """`actor_loss` of (params, obs), the critic's parameters read without gradient."""
+        actor, names = self.actor, [n for n, _ in self.actor.named_parameters()]
+        critic = list(self.critic.parameters())
+
+        def loss(params: list[torch.Tensor], obs: torch.Tensor) -> torch.Tensor:
+            return actor_loss(actor, names, [p.detach() for p in critic], params, obs)
+        return loss
+
     def compile(self, options: CompileOptions) -> None:
         """From now on update with the compiled step (common/algorithms/steps.py)."""
         if options.enabled:
-            self.fast = steps.TD3ActorStep(self, options, self.params[0].device)
+            self.fast = steps.ActorStep(self, self.loss(), options, self.params[0].device)
 
     def update(self, batch: Batch, want_metrics: bool = True) -> dict[str, float]:
         """One deterministic policy gradient step on -Q1(s, pi(s)), then Polyak the target actor."""
         if self.fast is not None:
             return self.fast.update(batch, want_metrics)
-        obs = batch["obs"]
-        loss = -self.critic.q1(obs, self.actor(obs)).mean()
+        loss = self.loss()(self.params, batch["obs"])
         self.opt.zero_grad(set_to_none=True)
         loss.backward(inputs=self.params)  # no gradients into the critic's weights
         self.opt.step()
@@ -159,26 +191,37 @@ class TD3CriticPart:
         scale, bias = actor_target.scale.clone(), actor_target.bias.clone()
         self.scale, self.low, self.high = scale, bias - scale, bias + scale
 
+    def noise(self, rows: int) -> torch.Tensor:
+        """A standard normal draw [rows, act_dim] from the part's RNG (what the compiled step draws)."""
+        return torch.randn((rows, self.scale.shape[0]), generator=self.generator, device=self.scale.device)
+
     def target_action(self, next_obs: torch.Tensor) -> torch.Tensor:
-        """Target policy smoothing: clip(pi'(s') + clip(N(0, sigma), -c, c) * scale, low, high)."""
+        """`smoothed_action` of ``next_obs`` with fresh noise."""
         with torch.no_grad():
-            a = self.actor_target(next_obs)
-            noise = torch.randn(a.shape, generator=self.generator, device=a.device, dtype=a.dtype)
-            noise.mul_(self.cfg.policy_noise).clamp_(-self.cfg.noise_clip, self.cfg.noise_clip)
-            return torch.clamp(torch.addcmul(a, noise, self.scale), self.low, self.high)
+            return smoothed_action(self.cfg, self.actor_target, self.scale, self.low, self.high, next_obs,
+                                   self.noise(next_obs.shape[0]))
+
+    def target_fn(self) -> steps.TargetFn:
+        """`td_target` of (next_obs, reward, done, noise) on this part's networks."""
+        cfg, actor_target, targets = self.cfg, self.actor_target, self.target.params
+        scale, low, high = self.scale, self.low, self.high
+
+        def target(next_obs: torch.Tensor, reward: torch.Tensor, done: torch.Tensor,
+                   noise: torch.Tensor) -> torch.Tensor:
+            return td_target(cfg, actor_target, targets, scale, low, high, next_obs, reward, done, noise)
+        return target
 
     def td_target(self, batch: Batch) -> torch.Tensor:
-        """r + gamma * (1 - done) * min(Q1', Q2')(s', target_action(s'))."""
+        """`td_target` of the batch with fresh noise."""
         with torch.no_grad():
-            next_obs = batch["next_obs"]
-            tq1, tq2 = self.critic_target(next_obs, self.target_action(next_obs))
-            return torch.addcmul(batch["reward"], 1.0 - batch["done"], torch.minimum(tq1, tq2),
-                                 value=self.cfg.gamma)
+            return self.target_fn()(batch["next_obs"], batch["reward"], batch["done"],
+                                    self.noise(batch["next_obs"].shape[0]))
 
     def compile(self, options: CompileOptions) -> None:
         """From now on update with the compiled step (common/algorithms/steps.py)."""
         if options.enabled:
-            self.fast = steps.td3_critic(self, options, self.params[0].device)
+            self.fast = steps.CriticStep(self, self.target_fn(), self.cfg.policy_delay, options,
+                                         self.params[0].device)
 
     def update(self, batch: Batch, want_metrics: bool = True) -> dict[str, float]:
         """One critic step; Polyak the critic targets on every ``policy_delay``-th update."""

@@ -140,6 +140,19 @@ def test_hidden_layers_are_sparse_and_outputs_dense() -> None:
     assert all(b.count_nonzero() == b.numel() for n, b in c.critic.named_parameters() if "bias" in n)
 
 
+def test_hidden_layers_are_found_by_module_type_whatever_sits_between() -> None:
+    """A normalised residual-style trunk (Linear, LayerNorm, ReLU; Linear, Linear) gets its
+    hidden Linear layers masked like an MLP's; the Linear that ends the Sequential stays dense."""
+    net = torch.nn.Sequential(torch.nn.Linear(OBS, 16), torch.nn.LayerNorm(16), torch.nn.ReLU(),
+                              torch.nn.Linear(16, 16), torch.nn.Linear(16, 16), torch.nn.Tanh(),
+                              torch.nn.Linear(16, ACT))
+    assert [(n, d) for n, _, d in hidden_layers(net)] == [("0", 0), ("3", 1), ("4", 2)]
+    topology = SparseTopology(net, replace(DS, sparsity=0.5), 0, "critic")
+    assert topology.names == ["0.weight", "3.weight", "4.weight"]
+    assert all(w.count_nonzero() < w.numel() for w in topology.weights[1:])  # (the narrow first may stay dense)
+    assert net[6].weight.count_nonzero() == net[6].weight.numel()  # the output layer stays dense
+
+
 def test_dense_network_builds_no_topology() -> None:
     for sparse in (None, SparseConfig()):
         a, c = make_parts("td3", OBS, ACT, LOW, HIGH, algo_cfg("td3"), CPU, True, sparse=sparse)

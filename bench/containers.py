@@ -29,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from bench.engine import ROOT, compose, images, jsonl, sh, volume_file, wait_for
+from spreeze.bench.engine import ROOT, compose, images, jsonl, sh, volume_file, wait_for
 
 PROJECT = "spreezebench"
 RUN = "bench"

@@ -34,13 +34,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.system import BenchFailed, STARTUP_S, add_output_args, measure, rate
-from common.config import Config, given_keys, load_config
-from services.supervisor.main import Supervisor
-from services.supervisor.probe import probe
-from services.supervisor.processes import roster
-from services.supervisor.start import planned
-from services.supervisor.progress import Progress
+from spreeze.bench.system import BenchFailed, STARTUP_S, add_output_args, measure, rate
+from spreeze.common.config import Config, given_keys, load_config
+from spreeze.services.supervisor.main import Supervisor
+from spreeze.services.supervisor.probe import probe
+from spreeze.services.supervisor.processes import roster
+from spreeze.services.supervisor.start import planned
+from spreeze.services.supervisor.progress import Progress
 
 HUGE = 10 ** 15  # total_steps: never reached
 TICKS = os.sysconf("SC_CLK_TCK")

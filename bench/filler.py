@@ -1,6 +1,6 @@
 """Bench-only service: fill replay with random transitions, then idle.
 
-Registers like any service (`python -m bench.filler` under the Supervisor), pushes random
+Registers like any service (`python -m spreeze.bench.filler` under the Supervisor), pushes random
 Experience of the run env's sizes (done = 0) on the experience socket until it has sent
 replay.capacity transitions (the ring is then full), publishes `pushed` once, and waits
 for shutdown without using the CPU, so that a learner benchmark measures the learner
@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from common.envs import env_spec
-from common.service import Service, run_service
-from proto.messages import Experience
+from spreeze.common.envs import env_spec
+from spreeze.common.service import Service, run_service
+from spreeze.proto.messages import Experience
 
 CHUNK = 4096  # transitions per pushed message
 

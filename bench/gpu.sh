@@ -25,17 +25,17 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
 "$PY" -c "import torch; assert torch.cuda.is_available(), 'this torch build has no CUDA'; print('torch', torch.__version__, torch.cuda.get_device_name())"
 
 "$PY" -m pytest -q -p no:cacheprovider tests/test_compiled.py -k cuda
-"$PY" -m cli bench update --device cuda --algo td3 --batch-sizes 4096 16384 32768 --hidden 256 256 \
+"$PY" -m spreeze.cli bench update --device cuda --algo td3 --batch-sizes 4096 16384 32768 --hidden 256 256 \
     --threads 4 --seconds 8 --fill 200000 --json "$OUT/update-td3.json" learner.batches_per_request=4
-"$PY" -m cli bench update --device cuda --algo sac --batch-sizes 16384 --hidden 256 256 \
+"$PY" -m spreeze.cli bench update --device cuda --algo sac --batch-sizes 16384 --hidden 256 256 \
     --threads 4 --seconds 8 --fill 200000 --json "$OUT/update-sac.json" learner.batches_per_request=4
 for graphs in true false; do
-  "$PY" -m cli bench update --device cuda --algo td3 --batch-sizes 256 --hidden 64 64 --seconds 5 \
+  "$PY" -m spreeze.cli bench update --device cuda --algo td3 --batch-sizes 256 --hidden 64 64 --seconds 5 \
       --no-compile-times --fill 20000 --json "$OUT/update-td3-small-graphs-$graphs.json" \
       learner.cuda_graphs=$graphs
 done
-"$PY" -m cli bench sampling --samplers "$SAMPLERS" --envs 4 --seconds 10 --json "$OUT/sampling.json"
-"$PY" -m cli bench e2e --seconds 30 --json "$OUT/e2e.json" \
+"$PY" -m spreeze.cli bench sampling --samplers "$SAMPLERS" --envs 4 --seconds 10 --json "$OUT/sampling.json"
+"$PY" -m spreeze.cli bench e2e --seconds 30 --json "$OUT/e2e.json" \
     learner.actor_device=cuda learner.threads=4 learner.batch_size=4096 learner.batches_per_request=4 \
     "td3.hidden=[256,256]" sampler.num_samplers="$(( SAMPLERS > 2 ? SAMPLERS - 2 : 1 ))" replay.update_to_data=0.25
 echo "results in $OUT"

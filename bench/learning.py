@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench.runs import ALGO_HELP, THRESHOLDS, algo_arg, first_reaching, median_reached, run_seed, settings_key
+from spreeze.bench.runs import ALGO_HELP, THRESHOLDS, algo_arg, first_reaching, median_reached, run_seed, settings_key
 
 
 def summarize(result: dict[str, Any], threshold: float) -> dict[str, Any]:

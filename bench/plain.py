@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from common.algorithms import algorithm
+from spreeze.common.algorithms import algorithm
 
 Batch = dict[str, torch.Tensor]
 Update = Callable[[Batch, bool], float | None]

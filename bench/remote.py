@@ -6,7 +6,7 @@ transport.ROLES["experience"], the codec included), `--messages` Experience batc
 `--rows` HalfCheetah transitions each. The three paths are interleaved (ipc, tcp, curve,
 ipc, ...) `--repeats` times and the medians reported with their ratio to ipc.
 
-    python -m bench.remote [--rows 1024] [--messages 400] [--repeats 5]
+    python -m spreeze.bench.remote [--rows 1024] [--messages 400] [--repeats 5]
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
-from proto.codec import Encoder
-from common.curve_auth import client_keys, make_keys, server_keys, start_authenticator
-from common.transport import Channel, ipc_endpoint, make_ipc_dir
-from proto.messages import Experience
+from spreeze.proto.codec import Encoder
+from spreeze.common.curve_auth import client_keys, make_keys, server_keys, start_authenticator
+from spreeze.common.transport import Channel, ipc_endpoint, make_ipc_dir
+from spreeze.proto.messages import Experience
 
 OBS, ACT = 17, 6  # HalfCheetah-v5
 

@@ -49,14 +49,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from bench.runs import (ALGO_HELP, THRESHOLDS, Terminated, algo_arg, first_reaching, median_reached, read_metrics,
+from spreeze.bench.runs import (ALGO_HELP, THRESHOLDS, Terminated, algo_arg, first_reaching, median_reached, read_metrics,
                         run_seed, settings_key)
-from common.sparse_config import NETWORKS
-from common.sparse_stats import combined_flops_ratio, overall_sparsity
-from proto.names import LEARNER_ROLES
+from spreeze.common.sparse_config import NETWORKS
+from spreeze.common.sparse_stats import combined_flops_ratio, overall_sparsity
+from spreeze.proto.names import LEARNER_ROLES
 
 if TYPE_CHECKING:
-    from common.config import Config
+    from spreeze.common.config import Config
 
 # torch, gymnasium, numpy and matplotlib are imported by the functions that use them, so that
 # `spreeze results --help` and a bad argument answer at once
@@ -119,8 +119,8 @@ def network_counts(cfg: Config) -> Record:
     overall sparsity of their sparse layers (0 when dense)."""
     import torch
 
-    from common.algorithms.build import make_parts
-    from common.envs import env_spec
+    from spreeze.common.algorithms.build import make_parts
+    from spreeze.common.envs import env_spec
 
     layout, low, high = env_spec(cfg.env)
     actor, critic = make_parts(cfg.algo, layout.obs_dim, layout.act_dim, low, high, cfg.algo_config,
@@ -139,7 +139,7 @@ def run_record(variant: Variant, seed: int, run_dir: Path, wall_s: float, last: 
     from the command's start to the run's (its evaluations' clock starts there)."""
     import yaml
 
-    from common.config import from_dict
+    from spreeze.common.config import from_dict
 
     rows = read_metrics(run_dir)
     evals = [r for r in rows if r["kind"] == "eval"]
@@ -390,7 +390,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--total-steps", type=int, default=100_000, help="env steps of every run (default 100000)")
     p.add_argument("--last", type=int, default=10, help="evaluations averaged at the end of each run")
     p.add_argument("--threshold", type=float, help="return counted as learned (default: the task's in "
-                   "bench.runs.THRESHOLDS; none for other tasks)")
+                   "spreeze.bench.runs.THRESHOLDS; none for other tasks)")
     p.add_argument("--sparsities", type=float, nargs="+",
                    help="sparse.sparsity values swept in ds mode (one row each)")
     p.add_argument("--config", metavar="FILE",
@@ -429,8 +429,8 @@ def experiment_key(args: argparse.Namespace) -> str:
 
 def check_configs(args: argparse.Namespace, plan: list[Variant]) -> None:
     """Refuse bad overrides and envs (ConfigError) before the first run starts."""
-    from common.config import load_config
-    from common.envs import env_spec
+    from spreeze.common.config import load_config
+    from spreeze.common.envs import env_spec
 
     for v in plan:
         load_config(args.config, [*args.overrides, f"env={args.env}", f"algo={v.algo}",
@@ -452,7 +452,7 @@ def train_one(args: argparse.Namespace, variant: Variant, seed: int, runs_dir: P
 
 def draw_curves(records: list[Record], out: Path) -> list[Path]:
     """Each row's learning curves (its seeds and their mean ± std): out/<row>/learning_curves.png."""
-    from common.plot import load, plot_learning
+    from spreeze.common.plot import load, plot_learning
 
     paths = []
     for name in dict.fromkeys(r["variant"] for r in records if "error" not in r):

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common.algorithms import algorithm, registered
+from spreeze.common.algorithms import algorithm, registered
 
 STOP_TIMEOUT_S = 60.0  # a terminated run's supervisor stops its services within this, or it is killed
 
@@ -33,7 +33,7 @@ def settings_key(fields: dict[str, Any], length: int) -> str:
 def train_command(env: str, algo: str, seed: int, total_steps: int, run_dir: Path,
                   config: str | None, overrides: list[str], network: str | None = None) -> list[str]:
     """The `spreeze train` command line of one quiet run (``network``: None = the config's)."""
-    cmd = [sys.executable, "-m", "cli", "train", "--env", env, "--algo", algo, "--seed", str(seed),
+    cmd = [sys.executable, "-m", "spreeze.cli", "train", "--env", env, "--algo", algo, "--seed", str(seed),
            "--total-steps", str(total_steps), "--run-dir", str(run_dir), "--quiet", *overrides]
     if network:
         cmd += ["--network", network]

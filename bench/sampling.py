@@ -33,11 +33,11 @@ from typing import Any
 
 import numpy as np
 
-from bench.system import STARTUP_S, add_output_args, measure, rate
-from common.config import load_config
-from common.envs import make_env
-from services.supervisor.processes import roster
-from services.supervisor.progress import Progress
+from spreeze.bench.system import STARTUP_S, add_output_args, measure, rate
+from spreeze.common.config import load_config
+from spreeze.common.envs import make_env
+from spreeze.services.supervisor.processes import roster
+from spreeze.services.supervisor.progress import Progress
 
 HUGE = 10 ** 15  # total_steps and warm-up: never reached
 CAPACITY = 200_000  # replay ring (it wraps; the size does not matter for inserts)

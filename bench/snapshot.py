@@ -33,8 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from common.replay_buffer import ReplayBuffer
-from services.replay.snapshot import SnapshotWriter, load_latest
+from spreeze.common.replay_buffer import ReplayBuffer
+from spreeze.services.replay.snapshot import SnapshotWriter, load_latest
 
 OBS_DIM, ACT_DIM = 17, 6  # HalfCheetah-v5
 FILL_CHUNK = 65_536  # rows per add while filling

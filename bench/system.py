@@ -24,11 +24,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from common.config import Config
-from proto.errors import SpreezeError
-from services.supervisor.main import Supervisor
-from services.supervisor.processes import ServiceSpec, terminate
-from services.supervisor.progress import Progress
+from spreeze.common.config import Config
+from spreeze.proto.errors import SpreezeError
+from spreeze.services.supervisor.main import Supervisor
+from spreeze.services.supervisor.processes import ServiceSpec, terminate
+from spreeze.services.supervisor.progress import Progress
 
 STARTUP_S = 120.0  # longest wait for the measured service to get going (imports, filling)
 POLL_S = 0.05

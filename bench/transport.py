@@ -11,7 +11,7 @@ The paths are interleaved (a, b, a, b, ...) `repeats` times; medians are reporte
 the CPU time (user+sys, all threads, sender + receiver) per message, which drifts less
 than throughput when other programs share the cores.
 
-    python -m bench.transport [--batch-sizes 256 4096] [--seconds 3] [--repeats 3] [--json F]
+    python -m spreeze.bench.transport [--batch-sizes 256 4096] [--seconds 3] [--repeats 3] [--json F]
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ from typing import Any
 import numpy as np
 import zmq
 
-from common.transport import ROLES, ipc_endpoint, make_ipc_dir
-from proto.codec import Encoder, decode
-from proto.messages import Experience, from_envelope, to_frames
+from spreeze.common.transport import ROLES, ipc_endpoint, make_ipc_dir
+from spreeze.proto.codec import Encoder, decode
+from spreeze.proto.messages import Experience, from_envelope, to_frames
 
 # Queue depth for the measurement. The training system keeps at most sampler.ack_window
 # unacknowledged batches in flight (freshness of data); a throughput measurement of the

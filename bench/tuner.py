@@ -36,11 +36,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.system import STARTUP_S, BenchFailed, bench_supervisor, log_tails, stop_children
-from common.config import Config, load_config
-from services.supervisor.main import Supervisor
-from services.supervisor.probe import cpu_seconds, host_cpu
-from services.supervisor.tuner import Setting, Window
+from spreeze.bench.system import STARTUP_S, BenchFailed, bench_supervisor, log_tails, stop_children
+from spreeze.common.config import Config, load_config
+from spreeze.services.supervisor.main import Supervisor
+from spreeze.services.supervisor.probe import cpu_seconds, host_cpu
+from spreeze.services.supervisor.tuner import Setting, Window
 
 ENV = "HalfCheetah-v5"
 BAD = Setting(1, 1, 64)  # the deliberately bad start

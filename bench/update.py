@@ -45,22 +45,22 @@ from typing import Any
 
 import torch
 
-from bench.system import STARTUP_S, add_output_args, measure, rate
-from bench.plain import plain_loop
-from bench.runs import ALGO_HELP, algo_arg
-from common.algorithms import ALGOS, algorithm
-from common.algorithms.base import fused_step
-from common.algorithms.build import make_parts
-from common.algorithms.compiled import CACHE_ENV, CompileOptions, check_guards, use_compile_cache
-from common.config import Config, load_config
-from common.devices import checked_device
-from common.envs import env_spec
-from common.errors import ConfigError
-from common.learner_io import device_of
-from services.learner.base import LOSS_EVERY
-from services.supervisor.probe import CXX_HINT, cuda_devices, cxx_compiler
-from services.supervisor.processes import ServiceSpec, roster
-from services.supervisor.progress import Progress
+from spreeze.bench.system import STARTUP_S, add_output_args, measure, rate
+from spreeze.bench.plain import plain_loop
+from spreeze.bench.runs import ALGO_HELP, algo_arg
+from spreeze.common.algorithms import ALGOS, algorithm
+from spreeze.common.algorithms.base import fused_step
+from spreeze.common.algorithms.build import make_parts
+from spreeze.common.algorithms.compiled import CACHE_ENV, CompileOptions, check_guards, use_compile_cache
+from spreeze.common.config import Config, load_config
+from spreeze.common.devices import checked_device
+from spreeze.common.envs import env_spec
+from spreeze.common.errors import ConfigError
+from spreeze.common.learner_io import device_of
+from spreeze.services.learner.base import LOSS_EVERY
+from spreeze.services.supervisor.probe import CXX_HINT, cuda_devices, cxx_compiler
+from spreeze.services.supervisor.processes import ServiceSpec, roster
+from spreeze.services.supervisor.progress import Progress
 
 ENV = "HalfCheetah-v5"  # the sizes measured: obs 17, act 6
 HUGE = 10 ** 15  # total_steps: never reached
@@ -102,7 +102,7 @@ def system_rate(cfg: Config, seconds: float) -> dict[str, float]:
     """Updates/s of the real fused learner fed by the real replay service."""
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
     specs = [s for s in roster(cfg) if s.role in ("replay", "learner")]
-    specs.append(ServiceSpec("filler", "filler", "bench.filler"))
+    specs.append(ServiceSpec("filler", "filler", "spreeze.bench.filler"))
 
     def ready(p: Progress) -> bool:
         return p.updates > 0  # the learner's `updates`, from its newest metrics
@@ -183,7 +183,7 @@ def compile_probe(algo: str, hidden: tuple[int, ...], batch: int, threads: int, 
 
 def compile_times(algo: str, hidden: tuple[int, ...], batch: int, threads: int, device: str) -> dict[str, float]:
     """Compile seconds with an empty kernel cache (cold), then with that cache (warm)."""
-    call = (f"from bench.update import compile_probe; "
+    call = (f"from spreeze.bench.update import compile_probe; "
             f"compile_probe({algo!r}, {tuple(hidden)!r}, {batch}, {threads}, {device!r})")
     out = {}
     with tempfile.TemporaryDirectory(prefix="spreeze-compile-cache-") as cache:

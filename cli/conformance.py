@@ -2,7 +2,7 @@
 sockets only, against proto/SPEC.md (the kit is proto/conformance; it imports proto only).
 
 ENDPOINT is where the kit binds the supervisor's control socket; start the service under
-test with it as its control endpoint (SPREEZE_CONTROL=ENDPOINT python -m services.replay,
+test with it as its control endpoint (SPREEZE_CONTROL=ENDPOINT python -m spreeze.services.replay,
 or spreeze sampler --connect tcp://HOST:PORT). Exit 0 when every check passed.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from cli.argtypes import positive_float
+from spreeze.cli.argtypes import positive_float
 
 
 def conformance_arguments(p: argparse.ArgumentParser) -> None:
@@ -25,7 +25,7 @@ def conformance_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_conformance(args: argparse.Namespace) -> int:
-    from proto.conformance import run
+    from spreeze.proto.conformance import run
 
     report = run(args.role, args.endpoint, args.timeout, args.run_dir)
     print(report.text(), flush=True)

@@ -12,23 +12,23 @@ import sys
 from collections.abc import Callable
 from importlib import import_module, metadata
 
-from bench import BENCHES
-from proto.errors import SpreezeError
+from spreeze.bench import BENCHES
+from spreeze.proto.errors import SpreezeError
 
 MORE = ("More: README.md (Usage; Stopping, crashing and resuming; Configuration) and proto/SPEC.md\n"
         "(the wire protocol) in the repository. Each command has --help.")
 
 # command -> (module defining its PARSERS and HANDLERS entries, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "train": ("cli.train", "train an agent with every service as a local process"),
-    "eval": ("cli.tools", "evaluate a run's best checkpoint"),
-    "plot": ("cli.tools", "PNG learning curves (mean ± std over several runs) and throughput"),
-    "bench": ("cli.tools", f"benchmarks: {' | '.join(BENCHES)} (each has --help)"),
-    "results": ("cli.tools", "train dense | static | ds over seeds, table in results/<env>.md (has --help)"),
-    "sampler": ("cli.remote", "attach a sampler to a running training (spreeze train --listen)"),
-    "keys": ("cli.remote", "make CURVE server and client key pairs for tcp endpoints"),
-    "health": ("cli.remote", "ask a service over its health socket; exit 0 when it answers healthy"),
-    "conformance": ("cli.conformance", "check a replay or sampler from outside against proto/SPEC.md"),
+    "train": ("spreeze.cli.train", "train an agent with every service as a local process"),
+    "eval": ("spreeze.cli.tools", "evaluate a run's best checkpoint"),
+    "plot": ("spreeze.cli.tools", "PNG learning curves (mean ± std over several runs) and throughput"),
+    "bench": ("spreeze.cli.tools", f"benchmarks: {' | '.join(BENCHES)} (each has --help)"),
+    "results": ("spreeze.cli.tools", "train dense | static | ds over seeds, table in results/<env>.md (has --help)"),
+    "sampler": ("spreeze.cli.remote", "attach a sampler to a running training (spreeze train --listen)"),
+    "keys": ("spreeze.cli.remote", "make CURVE server and client key pairs for tcp endpoints"),
+    "health": ("spreeze.cli.remote", "ask a service over its health socket; exit 0 when it answers healthy"),
+    "conformance": ("spreeze.cli.conformance", "check a replay or sampler from outside against proto/SPEC.md"),
 }
 
 
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     command = argv[0] if argv and argv[0] in COMMANDS else ""
     if command == "results":  # its own parser: options and key=value overrides in any order
-        from bench.results import main as results_main
+        from spreeze.bench.results import main as results_main
 
         return guarded("results", lambda: results_main(argv[1:]))
     p = parser(command)

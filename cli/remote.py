@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from cli.argtypes import positive_float
+from spreeze.cli.argtypes import positive_float
 
 
 def sampler_arguments(p: argparse.ArgumentParser) -> None:
@@ -23,8 +23,8 @@ def sampler_arguments(p: argparse.ArgumentParser) -> None:
 
 def cmd_sampler(args: argparse.Namespace) -> int:
     """A sampler process attaching to a running training from anywhere (`--connect`)."""
-    from common.service import ENV_CONTROL, ENV_KEY_NAME, ENV_KEYS, ENV_REGISTER_TIMEOUT, ENV_SERVICE_ID, run_service
-    from common.transport import check_endpoint
+    from spreeze.common.service import ENV_CONTROL, ENV_KEY_NAME, ENV_KEYS, ENV_REGISTER_TIMEOUT, ENV_SERVICE_ID, run_service
+    from spreeze.common.transport import check_endpoint
 
     os.environ[ENV_CONTROL] = check_endpoint(args.connect)
     if args.keys:
@@ -34,7 +34,7 @@ def cmd_sampler(args: argparse.Namespace) -> int:
         os.environ[ENV_SERVICE_ID] = args.id
     if args.register_timeout is not None:
         os.environ[ENV_REGISTER_TIMEOUT] = str(args.register_timeout)
-    from services.sampler.main import Sampler
+    from spreeze.services.sampler.main import Sampler
 
     run_service(Sampler)  # exits 1 on a crash
     return 0
@@ -48,7 +48,7 @@ def keys_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_keys(args: argparse.Namespace) -> int:
-    from common.curve_auth import make_keys
+    from spreeze.common.curve_auth import make_keys
 
     d = make_keys(args.dir, args.client)
     print(f"CURVE keys in {d}: server pair server.key(_secret), client pair {args.client}.key(_secret), "
@@ -65,7 +65,7 @@ def health_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_health(args: argparse.Namespace) -> int:
-    from common.health_probe import ENV_HEALTH, probe
+    from spreeze.common.health_probe import ENV_HEALTH, probe
 
     endpoint = args.endpoint or os.environ.get(ENV_HEALTH)
     if not endpoint:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bench import BENCHES
-from cli.argtypes import positive_int
+from spreeze.bench import BENCHES
+from spreeze.cli.argtypes import positive_int
 
 
 def eval_arguments(p: argparse.ArgumentParser) -> None:
@@ -21,7 +21,7 @@ def eval_arguments(p: argparse.ArgumentParser) -> None:
 def cmd_eval(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from common.evaluation import evaluate_checkpoint
+    from spreeze.common.evaluation import evaluate_checkpoint
 
     returns = evaluate_checkpoint(Path(args.run_dir), args.episodes, args.checkpoint)
     print(f"{args.checkpoint} checkpoint of {args.run_dir}: return {np.mean(returns):.1f} "
@@ -38,7 +38,7 @@ def plot_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from common.plot import plot_runs
+    from spreeze.common.plot import plot_runs
 
     for path in plot_runs([Path(d) for d in args.run_dirs], Path(args.out) if args.out else None):
         print(path)
@@ -55,7 +55,7 @@ def bench_arguments(p: argparse.ArgumentParser) -> None:
 def cmd_bench(args: argparse.Namespace) -> int:
     from importlib import import_module
 
-    status: int = import_module(f"bench.{args.what}").main(args.rest)
+    status: int = import_module(f"spreeze.bench.{args.what}").main(args.rest)
     return status
 
 

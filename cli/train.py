@@ -9,11 +9,11 @@ import shlex
 import time
 from pathlib import Path
 
-from cli.argtypes import positive_int
-from common.algorithms import ALGOS
-from common.config import Config, field_docs, given_keys, load_config, parse_override
-from common.errors import ConfigError
-from common.sparse_config import NETWORKS
+from spreeze.cli.argtypes import positive_int
+from spreeze.common.algorithms import ALGOS
+from spreeze.common.config import Config, field_docs, given_keys, load_config, parse_override
+from spreeze.common.errors import ConfigError
+from spreeze.common.sparse_config import NETWORKS
 
 RESUMABLE_KEYS = ("total_steps", "time_limit", "supervisor.listen", "supervisor.keys")  # budget and where it listens
 
@@ -93,8 +93,8 @@ def train_config(args: argparse.Namespace) -> Config:
 def cmd_train(args: argparse.Namespace) -> int:
     """The run's exit status: 0 at its budget, 130 after Ctrl-C (with the command that continues
     the run), 1 when it failed."""
-    from services.supervisor.main import INTERRUPTED
-    from services.supervisor.start import start
+    from spreeze.services.supervisor.main import INTERRUPTED
+    from spreeze.services.supervisor.start import start
 
     cfg = train_config(args)
     try:

@@ -14,9 +14,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from common.algorithms import algorithm
-from common.config import Config, to_dict
-from common.errors import ConfigError
+from spreeze.common.algorithms import algorithm
+from spreeze.common.config import Config, to_dict
+from spreeze.common.errors import ConfigError
 
 
 def made_for(config: dict[str, Any]) -> dict[str, Any]:

@@ -19,11 +19,11 @@ from typing import Any
 
 import yaml
 
-from common.algorithms import ALGOS, Algorithm, algorithm
-from common.errors import ConfigError
-from common.sparse_config import SparseConfig
-from common.transport import ROLES, tcp_port
-from proto.names import ROLES as SERVICE_ROLES
+from spreeze.common.algorithms import ALGOS, Algorithm, algorithm
+from spreeze.common.errors import ConfigError
+from spreeze.common.sparse_config import SparseConfig
+from spreeze.common.transport import ROLES, tcp_port
+from spreeze.proto.names import ROLES as SERVICE_ROLES
 
 
 # socket name -> port offset from supervisor.listen's port: the sockets remote samplers need

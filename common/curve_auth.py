@@ -19,7 +19,7 @@ import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
-from common.errors import ConfigError
+from spreeze.common.errors import ConfigError
 
 
 ZAP_DOMAIN = "spreeze"  # the ZAP domain of every CURVE server socket; start_authenticator serves it

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from common.config import Config
-from common.errors import ConfigError
+from spreeze.common.config import Config
+from spreeze.common.errors import ConfigError
 
 def checked_device(key: str, value: str, gpus: int) -> str:
     """`value` of learner.<key> as the run uses it on a host with `gpus` CUDA devices."""

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import gymnasium as gym
 import numpy as np
 
-from common.errors import ConfigError
-from proto.messages import TransitionLayout
+from spreeze.common.errors import ConfigError
+from spreeze.proto.messages import TransitionLayout
 
 
 log = logging.getLogger(__name__)

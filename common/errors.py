@@ -6,7 +6,7 @@ Every error names the offending value so that a log line alone says what was wro
 
 from __future__ import annotations
 
-from proto.errors import SpreezeError
+from spreeze.proto.errors import SpreezeError
 
 
 class ConfigError(SpreezeError, ValueError):

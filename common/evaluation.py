@@ -7,9 +7,9 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 
-from common.errors import ConfigError
+from spreeze.common.errors import ConfigError
 
-from common.numpy_policy import NumpyActor
+from spreeze.common.numpy_policy import NumpyActor
 
 
 def run_episodes(env: gym.Env, actor: NumpyActor, episodes: int,
@@ -51,8 +51,8 @@ def evaluate_checkpoint(run_dir: Path, episodes: int, which: str = "best", seed:
         raise ConfigError(f"episodes={episodes}: evaluate at least 1 episode")
     import torch
 
-    from common.config import from_dict
-    from common.envs import make_env
+    from spreeze.common.config import from_dict
+    from spreeze.common.envs import make_env
 
     payload = torch.load(path, weights_only=False)
     cfg = from_dict(payload["config"])

@@ -16,9 +16,9 @@ from collections.abc import Callable
 import zmq
 import zmq.asyncio
 
-from proto.codec import Encoder
-from common.transport import Channel
-from proto.messages import Control, ControlReply
+from spreeze.proto.codec import Encoder
+from spreeze.common.transport import Channel
+from spreeze.proto.messages import Control, ControlReply
 
 
 

@@ -10,9 +10,9 @@ import time
 
 import zmq
 
-from proto.codec import Encoder, decode
-from proto.errors import ProtocolError
-from proto.messages import Control, ControlReply, from_envelope, to_frames
+from spreeze.proto.codec import Encoder, decode
+from spreeze.proto.errors import ProtocolError
+from spreeze.proto.messages import Control, ControlReply, from_envelope, to_frames
 
 ENV_HEALTH = "SPREEZE_HEALTH"  # endpoint of the health socket (container-local ipc://)
 PROBE_TIMEOUT = 3.0  # seconds `spreeze health` waits for the answer

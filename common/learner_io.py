@@ -12,10 +12,10 @@ from typing import Any
 
 import torch
 
-from common.algorithms.base import Batch
-from common.errors import ConfigError, PeerError, TransportTimeout
-from common.transport import Channel
-from proto.messages import Error, SampledBatch, SampleRequest, TransitionLayout
+from spreeze.common.algorithms.base import Batch
+from spreeze.common.errors import ConfigError, PeerError, TransportTimeout
+from spreeze.common.transport import Channel
+from spreeze.proto.messages import Error, SampledBatch, SampleRequest, TransitionLayout
 
 # Frames from the wire may be read-only; the learner never writes into a batch.
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")

@@ -15,8 +15,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from proto.messages import EvalResult, Event, Message, Metrics
-from proto.names import LEARNER_ROLES
+from spreeze.proto.messages import EvalResult, Event, Message, Metrics
+from spreeze.proto.names import LEARNER_ROLES
 
 LAGS = ("policy_lag", "critic_lag")
 SPARSE_PREFIXES = ("sparsity/", "flops_ratio/")

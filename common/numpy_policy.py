@@ -12,8 +12,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from common.algorithms import algorithm
-from common.algorithms.descriptor import NumpyLayout
+from spreeze.common.algorithms import algorithm
+from spreeze.common.algorithms.descriptor import NumpyLayout
 
 _LAYER = re.compile(r"^(?P<mod>\w+)\.(?P<idx>\d+)\.weight$")
 

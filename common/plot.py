@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from common.errors import ConfigError
-from common.metric_series import MetricSeries
+from spreeze.common.errors import ConfigError
+from spreeze.common.metric_series import MetricSeries
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -44,8 +44,8 @@ import numbers
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from common.errors import ConfigError
-from proto.errors import SpreezeError
+from spreeze.common.errors import ConfigError
+from spreeze.proto.errors import SpreezeError
 
 
 class RateLimitedError(SpreezeError, RuntimeError):

@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from common.errors import ConfigError
-from proto.errors import SpreezeError
+from spreeze.common.errors import ConfigError
+from spreeze.proto.errors import SpreezeError
 
 FIELDS: tuple[str, ...] = ("obs", "action", "reward", "next_obs", "done")
 STATE_VERSION = 1  # bump when state_dict's layout changes incompatibly

@@ -29,14 +29,14 @@ from typing import Any, ClassVar
 import zmq
 import zmq.asyncio
 
-from proto.codec import Encoder
-from common.config import Config, from_dict
-from common.curve_auth import CurveKeys, client_keys, server_keys, start_authenticator
-from common.errors import ConfigError, PeerError, TransportTimeout
-from common.health import serve_health
-from common.health_probe import ENV_HEALTH
-from common.transport import Channel, tcp_host, transport_seconds
-from proto.messages import Control, ControlReply, Error, Heartbeat, Metrics, Register, Welcome
+from spreeze.proto.codec import Encoder
+from spreeze.common.config import Config, from_dict
+from spreeze.common.curve_auth import CurveKeys, client_keys, server_keys, start_authenticator
+from spreeze.common.errors import ConfigError, PeerError, TransportTimeout
+from spreeze.common.health import serve_health
+from spreeze.common.health_probe import ENV_HEALTH
+from spreeze.common.transport import Channel, tcp_host, transport_seconds
+from spreeze.proto.messages import Control, ControlReply, Error, Heartbeat, Metrics, Register, Welcome
 
 log = logging.getLogger(__name__)
 
@@ -279,7 +279,7 @@ async def _main(cls: type[Service]) -> None:
 
 
 def run_service(cls: type[Service]) -> None:
-    """`python -m services.<name>` entry: run until shutdown, exit 1 on a crash."""
+    """`python -m spreeze.services.<name>` entry: run until shutdown, exit 1 on a crash."""
     logging.basicConfig(level=os.environ.get("SPREEZE_LOG_LEVEL", "INFO"),
                         format=f"%(asctime)s {cls.ROLE} %(levelname)s %(name)s: %(message)s")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the supervisor's to handle

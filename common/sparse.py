@@ -3,7 +3,7 @@
 A :class:`SparseTopology` owns the masks of one *trained* network's hidden layers, found by
 module type: every ``nn.Linear`` of an ``nn.Sequential`` that something follows in it (an
 activation, a normalisation, another Linear: whatever sits between), i.e. the hidden layers
-:func:`common.networks.mlp` builds, the first one included. A Linear that ends its
+:func:`spreeze.common.networks.mlp` builds, the first one included. A Linear that ends its
 Sequential or stands alone (an output layer, SAC's head) and all biases stay dense. The
 algorithm part that trains the network holds it and calls:
 
@@ -46,8 +46,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from common.sparse_config import SparseConfig
-from common.sparse_masks import (
+from spreeze.common.sparse_config import SparseConfig
+from spreeze.common.sparse_masks import (
     Shape,
     change_count,
     connection_count,
@@ -60,7 +60,7 @@ from common.sparse_masks import (
     target_densities,
     zero_optimizer_state,
 )
-from common.sparse_stats import (
+from spreeze.common.sparse_stats import (
     LayerStats,
     dense_training_flops,
     overall_sparsity,

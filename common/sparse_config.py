@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from common.errors import ConfigError
+from spreeze.common.errors import ConfigError
 
 NETWORKS = ("dense", "static", "ds")
 DISTRIBUTIONS = ("er", "erk")

@@ -1,6 +1,6 @@
 """Mask arithmetic of dynamic sparse training: layer densities, drop / grow selection.
 
-Pure tensor functions on one weight matrix, used by :mod:`common.sparse`. Flat indices are
+Pure tensor functions on one weight matrix, used by :mod:`spreeze.common.sparse`. Flat indices are
 C-order positions in the ``[n_out, n_in]`` weight (the order the wire format uses).
 """
 

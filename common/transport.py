@@ -23,11 +23,11 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from proto.codec import DEFAULT_LIMITS, Encoder, Envelope, Limits, decode
-from common.errors import ConfigError, TransportTimeout
-from proto.errors import ProtocolError
-from common.curve_auth import CurveKeys
-from proto.messages import Error, Message, from_envelope, to_frames
+from spreeze.proto.codec import DEFAULT_LIMITS, Encoder, Envelope, Limits, decode
+from spreeze.common.errors import ConfigError, TransportTimeout
+from spreeze.proto.errors import ProtocolError
+from spreeze.common.curve_auth import CurveKeys
+from spreeze.proto.messages import Error, Message, from_envelope, to_frames
 
 log = logging.getLogger(__name__)
 

@@ -30,9 +30,9 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 
-from common.envs import GL_OFF, is_mujoco, make_env
-from common.errors import ConfigError, VideoError
-from common.numpy_policy import NumpyActor
+from spreeze.common.envs import GL_OFF, is_mujoco, make_env
+from spreeze.common.errors import ConfigError, VideoError
+from spreeze.common.numpy_policy import NumpyActor
 
 log = logging.getLogger(__name__)
 

@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import zmq
 
-from common.errors import TransportTimeout
-from common.transport import Channel
-from proto.messages import Weights
+from spreeze.common.errors import TransportTimeout
+from spreeze.common.transport import Channel
+from spreeze.proto.messages import Weights
 
 if TYPE_CHECKING:
-    from common.algorithms.base import State
+    from spreeze.common.algorithms.base import State
 
 log = logging.getLogger(__name__)
 

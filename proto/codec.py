@@ -16,7 +16,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from proto.errors import ArrayError, FramingError, HeaderError, LimitError, ProtocolError, VersionError
+from spreeze.proto.errors import ArrayError, FramingError, HeaderError, LimitError, ProtocolError, VersionError
 
 PROTOCOL_VERSION = 1  # major version; bumped only on incompatible changes (proto/SPEC.md)
 

@@ -15,8 +15,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from proto.codec import Encoder, Envelope
-from proto.errors import SchemaError, UnknownTypeError
+from spreeze.proto.codec import Encoder, Envelope
+from spreeze.proto.errors import SchemaError, UnknownTypeError
 
 SPEC_VERSION = "1.4"  # proto/SPEC.md document version; wire major version is codec.PROTOCOL_VERSION
 

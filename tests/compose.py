@@ -114,7 +114,7 @@ class Local:
     def argv(self, words: list[str], mapping: dict[str, str]) -> list[str]:
         """The image's entry points run by this interpreter: `spreeze` and `python`."""
         words = [self.apply(w, mapping) for w in words]
-        head = {"spreeze": [sys.executable, "-m", "cli"], "python": [sys.executable]}[words[0]]
+        head = {"spreeze": [sys.executable, "-m", "spreeze.cli"], "python": [sys.executable]}[words[0]]
         return head + words[1:]
 
     def env(self, svc: ComposeService, mapping: dict[str, str]) -> dict[str, str]:

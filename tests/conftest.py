@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from common.transport import make_ipc_dir
+from spreeze.common.transport import make_ipc_dir
 
 
 @pytest.fixture(autouse=True)
@@ -20,7 +20,7 @@ def _guards_back_on() -> Iterator[None]:
     apart by its guards."""
     yield
     if "torch" in sys.modules:  # never import torch for a test that did not
-        from common.algorithms.compiled import check_guards
+        from spreeze.common.algorithms.compiled import check_guards
         check_guards(True)
 
 

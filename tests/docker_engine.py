@@ -19,8 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench import engine
-from bench.engine import BARE_IMAGE, CPU_IMAGE, GL_IMAGE, ROOT, compose_command, sh, wait_for
+from spreeze.bench import engine
+from spreeze.bench.engine import BARE_IMAGE, CPU_IMAGE, GL_IMAGE, ROOT, compose_command, sh, wait_for
 
 __all__ = ["BARE_IMAGE", "CPU_IMAGE", "GL_IMAGE", "sh", "wait_for"]
 

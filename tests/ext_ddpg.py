@@ -13,24 +13,24 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from common.algorithms.checks import check, check_hidden
-from common.algorithms.descriptor import Algorithm, NumpyLayout
-from common.algorithms.lazy import lazy
+from spreeze.common.algorithms.checks import check, check_hidden
+from spreeze.common.algorithms.descriptor import Algorithm, NumpyLayout
+from spreeze.common.algorithms.lazy import lazy
 
 if TYPE_CHECKING:
     import numpy as np
     import torch
 
-    from common import networks
-    from common.algorithms import base, build as builder
-    from common.algorithms.base import Batch, CompiledUpdate, Named, State
-    from common.algorithms.build import Sparsifier
-    from common.algorithms.compiled import CompileOptions
-    from common.networks import DeterministicActor
-    from common.sparse import SparseTopology
+    from spreeze.common import networks
+    from spreeze.common.algorithms import base, build as builder
+    from spreeze.common.algorithms.base import Batch, CompiledUpdate, Named, State
+    from spreeze.common.algorithms.build import Sparsifier
+    from spreeze.common.algorithms.compiled import CompileOptions
+    from spreeze.common.networks import DeterministicActor
+    from spreeze.common.sparse import SparseTopology
 else:
-    torch, base, builder = lazy("torch"), lazy("common.algorithms.base"), lazy("common.algorithms.build")
-    networks = lazy("common.networks")
+    torch, base, builder = lazy("torch"), lazy("spreeze.common.algorithms.base"), lazy("spreeze.common.algorithms.build")
+    networks = lazy("spreeze.common.networks")
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 `Harness` owns a real zmq.asyncio.Context, a short private ipc:// directory holding every
 endpoint of a run, and a control ROUTER bound where the supervisor's would be. `build()`
-makes a service exactly as `common.service._main` does after registration (a DEALER with
+makes a service exactly as `spreeze.common.service._main` does after registration (a DEALER with
 the service id as identity, and a Welcome carrying the endpoints and the config).
 """
 
@@ -23,17 +23,17 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from common.algorithms.base import ActorPart, CriticPart
-from common.algorithms.build import make_parts
-from proto.codec import Encoder
-from common.config import Config, load_config, to_dict
-from common.envs import env_spec
-from common.errors import TransportTimeout
-from common.service import Service
-from common.transport import Channel, ephemeral_ports, ipc_endpoint, make_ipc_dir
-from proto.messages import Experience, Message, Metrics, Register, TransitionLayout, Welcome
-from proto.names import SOCKETS as ENDPOINT_NAMES
-from services.supervisor.probe import CXX_HINT, cxx_compiler
+from spreeze.common.algorithms.base import ActorPart, CriticPart
+from spreeze.common.algorithms.build import make_parts
+from spreeze.proto.codec import Encoder
+from spreeze.common.config import Config, load_config, to_dict
+from spreeze.common.envs import env_spec
+from spreeze.common.errors import TransportTimeout
+from spreeze.common.service import Service
+from spreeze.common.transport import Channel, ephemeral_ports, ipc_endpoint, make_ipc_dir
+from spreeze.proto.messages import Experience, Message, Metrics, Register, TransitionLayout, Welcome
+from spreeze.proto.names import SOCKETS as ENDPOINT_NAMES
+from spreeze.services.supervisor.probe import CXX_HINT, cxx_compiler
 
 # torch.compile builds C++ kernels: where no compiler runs (a bare Debian), tests of compiled
 # steps skip, saying why; training itself plans eager updates there (services/supervisor/probe.py).

@@ -9,7 +9,7 @@ import os
 import time
 from typing import Any
 
-from common.service import Service, run_service
+from spreeze.common.service import Service, run_service
 
 
 class IdleService(Service):

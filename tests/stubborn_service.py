@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common.service import Service, run_service
+from spreeze.common.service import Service, run_service
 
 
 class StubbornService(Service):

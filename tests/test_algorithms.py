@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 import torch
 
-from common.algorithms import ALGOS, algorithm, registered
-from common.algorithms.base import CheckpointMismatch, fused_step
-from common.algorithms.build import make_parts
-from common.config import load_config
-from common.errors import ConfigError
+from spreeze.common.algorithms import ALGOS, algorithm, registered
+from spreeze.common.algorithms.base import CheckpointMismatch, fused_step
+from spreeze.common.algorithms.build import make_parts
+from spreeze.common.config import load_config
+from spreeze.common.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 DDPG = "tests.ext_ddpg"
@@ -39,7 +39,7 @@ def batch(seed: int, n: int = 16) -> dict[str, torch.Tensor]:
 def test_an_algorithm_module_and_its_config_import_no_torch(spec: str) -> None:
     """Every service reads the run config, which holds the algorithm's section: reading it,
     and importing the algorithm's module, loads no torch (the module's `lazy` imports)."""
-    code = ("import sys\nfrom common.config import load_config\n"
+    code = ("import sys\nfrom spreeze.common.config import load_config\n"
             f"cfg = load_config(None, ['algo={spec}'])\n"
             "print(type(cfg.algo_config).__name__, cfg.algorithm.name, 'torch' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
@@ -103,7 +103,7 @@ def test_a_checkpoint_of_another_algorithm_or_shape_is_refused_naming_what_diffe
 def test_an_algorithm_without_target_networks_keeps_none() -> None:
     """Polyak averaging belongs to the algorithm: a part whose `target` is None makes no copy
     and the shared critic step skips the update."""
-    from common.algorithms import base
+    from spreeze.common.algorithms import base
     cfg = load_config(None, ["td3.hidden=[8]"]).section("td3")
     _, critic = make_parts("td3", OBS, ACT, LOW, HIGH, cfg, torch.device("cpu"), True)
     critic.target = None  # type: ignore[attr-defined]
@@ -113,7 +113,7 @@ def test_an_algorithm_without_target_networks_keeps_none() -> None:
 
 
 def train(run_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "cli", "train", "--run-dir", str(run_dir), "--env", "Pendulum-v1",
+    cmd = [sys.executable, "-m", "spreeze.cli", "train", "--run-dir", str(run_dir), "--env", "Pendulum-v1",
            f"algo={DDPG}", "ddpg.hidden=[32,32]", "replay.min_size=300", "sampler.warmup_steps=300",
            "eval.every_updates=400", "eval.episodes=1", "eval.video_every=0", "learner.batch_size=64",
            "supervisor.tune=false", "visualizer.enabled=false", *args]
@@ -133,7 +133,7 @@ def test_ddpg_trains_split_and_fused_through_the_services_and_resumes(tmp_path: 
     stopped = torch.load(run / "checkpoints" / "learner.pt", weights_only=False)
     assert stopped["updates"] > 0 and stopped["actor"]["algo"] == "ddpg"
     assert set(stopped["critic"]["states"]) == {"critic", "critic_target", "opt"}
-    resumed = subprocess.run([sys.executable, "-m", "cli", "train", "--resume", str(run), "--total-steps", "1800"],
+    resumed = subprocess.run([sys.executable, "-m", "spreeze.cli", "train", "--resume", str(run), "--total-steps", "1800"],
                              cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert "restoring" in (run / "logs" / "learner.log").read_text()
@@ -144,8 +144,8 @@ def test_ddpg_trains_split_and_fused_through_the_services_and_resumes(tmp_path: 
 def test_a_learner_refuses_a_checkpoint_of_another_algorithm_naming_it(tmp_path: Path) -> None:
     """A checkpoint without the config it was made with (copied in by hand) still stops the
     learner with one error naming the algorithms, not a KeyError deep in a state-dict load."""
-    from common.learner_io import atomic_save, checkpoint_dir
-    from services.learner.main import Learner
+    from spreeze.common.learner_io import atomic_save, checkpoint_dir
+    from spreeze.services.learner.main import Learner
     from tests.helpers import Harness, config, parts, run
 
     sac_actor, sac_critic = parts(config(tmp_path, "algo=sac"))

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from bench.system import BenchFailed, rate
-from cli.main import main as cli
-from services.supervisor.probe import Hardware
+from spreeze.bench.system import BenchFailed, rate
+from spreeze.cli.main import main as cli
+from spreeze.services.supervisor.probe import Hardware
 from tests.helpers import needs_cxx
 from tests.test_integration import pid_alive
 
@@ -40,7 +40,7 @@ def test_rate_excludes_start_up_and_the_shutdown() -> None:
 
 
 def test_filler_is_a_runnable_module() -> None:
-    assert importlib.util.find_spec("bench.filler") is not None
+    assert importlib.util.find_spec("spreeze.bench.filler") is not None
 
 
 @pytest.mark.timeout(180)
@@ -113,9 +113,9 @@ def test_bench_e2e_smoke(tmp_path: Path) -> None:
 def test_transport_seconds_count_codec_and_socket_calls() -> None:
     import zmq.asyncio
 
-    from proto.codec import Encoder
-    from common.transport import Channel, transport_seconds
-    from proto.messages import Heartbeat
+    from spreeze.proto.codec import Encoder
+    from spreeze.common.transport import Channel, transport_seconds
+    from spreeze.proto.messages import Heartbeat
 
     async def go() -> None:
         ctx = zmq.asyncio.Context()
@@ -133,7 +133,7 @@ def test_transport_seconds_count_codec_and_socket_calls() -> None:
 
 
 def test_tuner_bench_frame_rate_weights_each_interval_by_its_batch() -> None:
-    from bench.tuner import frame_rate, parse_setting
+    from spreeze.bench.tuner import frame_rate, parse_setting
 
     rows = [{"kind": "metrics", "service": "learner", "wall_time": t, "updates": u, "batch_size": b}
             for t, u, b in ((1.0, 0, 64), (2.0, 100, 64), (3.0, 150, 128), (4.0, 200, 128), (9.0, 999, 128))]
@@ -173,7 +173,7 @@ TINY_PENDULUM = ["replay.min_size=500", "sampler.warmup_steps=500", "eval.every_
 @pytest.mark.slow
 def test_bench_learning_reruns_replace_their_runs_and_other_settings_get_their_own(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from bench.learning import main as learning
+    from spreeze.bench.learning import main as learning
     tiny = ["--env", "Pendulum-v1", "--threshold", "-1600", "--seeds", "0", "--total-steps", "1200",
             "--out", str(tmp_path), *TINY_PENDULUM]
     assert learning(tiny) == 0
@@ -197,7 +197,7 @@ def test_bench_learning_cold_vs_warm_compile_cache(tmp_path: Path, capsys: pytes
     tests/test_learners.py's), both reported with the cold-over-warm ratio."""
     import yaml
 
-    from bench.learning import main as learning
+    from spreeze.bench.learning import main as learning
     compiled = [o for o in TINY_PENDULUM if o != "learner.compile=false"] + ["learner.compile=true", "td3.hidden=[8,8]"]
     tiny = ["--env", "Pendulum-v1", "--threshold", "-1600", "--seeds", "0", "--total-steps", "1200",
             "--out", str(tmp_path), "--cold-vs-warm", *compiled]
@@ -239,7 +239,7 @@ def test_a_terminated_benchmark_stops_its_training_run_first(tmp_path: Path, com
     `results` marks its section stopped."""
     md = tmp_path / "Pendulum-v1.md"
     where = ["--out", str(tmp_path)] if command[0] == "bench" else ["--out", str(md), "--runs-dir", str(tmp_path)]
-    cmd = [sys.executable, "-m", "cli", *command, "--env", "Pendulum-v1", "--seeds", "0", "--total-steps", "1000000",
+    cmd = [sys.executable, "-m", "spreeze.cli", *command, "--env", "Pendulum-v1", "--seeds", "0", "--total-steps", "1000000",
            *where, *TINY_PENDULUM]
     bench = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parents[1], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
@@ -272,7 +272,7 @@ def test_a_terminated_benchmark_stops_its_training_run_first(tmp_path: Path, com
 
 @pytest.mark.timeout(60)
 def test_bench_transport_smoke(tmp_path: Any) -> None:
-    from bench.transport import run
+    from spreeze.bench.transport import run
     out = tmp_path / "bench.json"
     before = set(glob.glob("/tmp/spzb-*"))
     result = run(batch_sizes=(64,), seconds=0.2, repeats=1, json_path=str(out))
@@ -285,7 +285,7 @@ def test_bench_transport_smoke(tmp_path: Any) -> None:
 
 @pytest.mark.timeout(60)
 def test_bench_cleans_up_after_a_dead_child() -> None:
-    from bench.transport import _one, _Pair
+    from spreeze.bench.transport import _one, _Pair
     pair = _Pair()
     try:
         pair.start()
@@ -306,7 +306,7 @@ SIXTEEN_CORES = Hardware(cores=16, memory_gib=64.0, gpus=(), cxx="g++")
 
 def planned_e2e(monkeypatch: pytest.MonkeyPatch, *args: str) -> Any:
     """The config `bench e2e *args` would measure on a 16-core host without a GPU (nothing runs)."""
-    import bench.e2e
+    import spreeze.bench.e2e
 
     got = []
     monkeypatch.setattr(bench.e2e, "probe", lambda: SIXTEEN_CORES)
@@ -317,8 +317,8 @@ def planned_e2e(monkeypatch: pytest.MonkeyPatch, *args: str) -> Any:
 
 def test_bench_e2e_plans_the_run_as_train_does(monkeypatch: pytest.MonkeyPatch,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    from common.config import given_keys, load_config
-    from services.supervisor.start import planned
+    from spreeze.common.config import given_keys, load_config
+    from spreeze.services.supervisor.start import planned
 
     smoke = "configs/pendulum-smoke.yaml"
     cfg = planned_e2e(monkeypatch, "--config", smoke)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.system import BenchFailed, measure
-from common.config import Config, load_config
-from services.supervisor.processes import ServiceSpec
+from spreeze.bench.system import BenchFailed, measure
+from spreeze.common.config import Config, load_config
+from spreeze.services.supervisor.processes import ServiceSpec
 from tests.test_integration import pid_alive
 
 

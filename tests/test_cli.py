@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from bench import results
-from cli.main import COMMANDS, parser
+from spreeze.bench import results
+from spreeze.cli.main import COMMANDS, parser
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.timeout(60)
 
 
 def spreeze(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "cli", *args], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "spreeze.cli", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=60)
 
 
@@ -49,7 +49,7 @@ def test_every_command_and_argument_has_help() -> None:
 def test_help_imports_nothing_heavy(command: str) -> None:
     """--help answers at once: torch, gymnasium, matplotlib and numpy are imported when a
     command runs, not to describe it (`spreeze results --help` took 2.6 s with them)."""
-    code = ("import contextlib, io, sys\nfrom cli.main import main\n"
+    code = ("import contextlib, io, sys\nfrom spreeze.cli.main import main\n"
             f"with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
             f"    main([{command!r}, '--help'])\n"
             "print(sorted(m for m in ('torch', 'gymnasium', 'matplotlib', 'numpy') if m in sys.modules))\n")

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import zmq
 
-from proto.codec import (
+from spreeze.proto.codec import (
     DEFAULT_LIMITS, PROTOCOL_VERSION, WIRE_DTYPES, Encoder, Limits, decode, new_session_id,
 )
-from proto.errors import ArrayError, FramingError, HeaderError, LimitError, VersionError
+from spreeze.proto.errors import ArrayError, FramingError, HeaderError, LimitError, VersionError
 
 pytestmark = pytest.mark.timeout(20)
 

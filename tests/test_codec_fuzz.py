@@ -17,9 +17,9 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from proto.codec import DEFAULT_LIMITS, PROTOCOL_VERSION, WIRE_DTYPES, Encoder, Limits, decode
-from proto.errors import ArrayError, FramingError, HeaderError, LimitError, ProtocolError, VersionError
-from proto.messages import MESSAGE_TYPES, Message, from_envelope, to_frames
+from spreeze.proto.codec import DEFAULT_LIMITS, PROTOCOL_VERSION, WIRE_DTYPES, Encoder, Limits, decode
+from spreeze.proto.errors import ArrayError, FramingError, HeaderError, LimitError, ProtocolError, VersionError
+from spreeze.proto.messages import MESSAGE_TYPES, Message, from_envelope, to_frames
 from tests.test_messages import SAMPLES
 
 pytestmark = pytest.mark.timeout(60)

@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 import torch
 
-from common.algorithms import ALGOS, algorithm
-from common.algorithms.sac import SACConfig
-from common.algorithms.td3 import TD3Config
-from common.algorithms.base import fused_step
-from common.algorithms.build import make_parts
-from common.sparse_config import SparseConfig
-from common.algorithms.compiled import CompileOptions, check_guards, use_compile_cache
+from spreeze.common.algorithms import ALGOS, algorithm
+from spreeze.common.algorithms.sac import SACConfig
+from spreeze.common.algorithms.td3 import TD3Config
+from spreeze.common.algorithms.base import fused_step
+from spreeze.common.algorithms.build import make_parts
+from spreeze.common.sparse_config import SparseConfig
+from spreeze.common.algorithms.compiled import CompileOptions, check_guards, use_compile_cache
 from tests.helpers import needs_cxx
 
 pytestmark = needs_cxx
@@ -39,7 +39,7 @@ def test_compile_cache_is_the_setting_unless_the_user_set_one(tmp_path: Path, mo
 
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-    from common.algorithms.compiled import CACHE_ENV
+    from spreeze.common.algorithms.compiled import CACHE_ENV
 
     monkeypatch.setenv(CACHE_ENV, default_cache_dir())  # what importing torch._dynamo leaves there
     assert use_compile_cache(tmp_path / "setting") == tmp_path / "setting" and (tmp_path / "setting").is_dir()

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from common.config import Config, field_docs, from_dict, load_config, parse_override, to_dict
-from common.errors import ConfigError
+from spreeze.common.config import Config, field_docs, from_dict, load_config, parse_override, to_dict
+from spreeze.common.errors import ConfigError
 
 pytestmark = pytest.mark.timeout(10)
 

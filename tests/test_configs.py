@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from common.config import Config, load_config
+from spreeze.common.config import Config, load_config
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
 

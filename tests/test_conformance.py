@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import zmq
 
-from common.transport import make_ipc_dir
-from proto.codec import Encoder
-from proto.messages import Heartbeat, to_frames
+from spreeze.common.transport import make_ipc_dir
+from spreeze.proto.codec import Encoder
+from spreeze.proto.messages import Heartbeat, to_frames
 from tests.test_integration import FAST, records
 from tests.helpers import free_port_base
 from tests.test_remote_sampler import cli, roster, stop
@@ -53,7 +53,7 @@ def passed(report: str) -> int:
 def test_spreeze_replay_passes_every_replay_check() -> None:
     d = make_ipc_dir("spzk-")
     endpoint = f"ipc://{d}/control"
-    report = conformance("replay", endpoint, [sys.executable, "-m", "services.replay"],
+    report = conformance("replay", endpoint, [sys.executable, "-m", "spreeze.services.replay"],
                          {"SPREEZE_CONTROL": endpoint, "SPREEZE_SERVICE_ID": "replay-under-test"})
     assert passed(report) >= 41 and "FAIL" not in report
 

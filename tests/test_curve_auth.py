@@ -16,11 +16,11 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from proto.codec import Encoder
-from common.curve_auth import CurveKeys, client_keys, make_keys, server_keys, start_authenticator
-from common.errors import ConfigError, TransportTimeout
-from common.transport import Channel
-from proto.messages import Heartbeat
+from spreeze.proto.codec import Encoder
+from spreeze.common.curve_auth import CurveKeys, client_keys, make_keys, server_keys, start_authenticator
+from spreeze.common.errors import ConfigError, TransportTimeout
+from spreeze.common.transport import Channel
+from spreeze.proto.messages import Heartbeat
 
 pytestmark = [pytest.mark.timeout(30),
               pytest.mark.skipif(not zmq.has("curve"), reason="libzmq built without CURVE")]

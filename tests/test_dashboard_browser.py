@@ -61,7 +61,7 @@ def page_state(driver) -> dict:  # type: ignore[no-untyped-def]
 @pytest.mark.timeout(400)
 def test_dashboard_shows_a_live_run_in_chromium(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "cli", "train", "--run-dir", str(run), *FAST, "--total-steps", "1000000",
+    cmd = [sys.executable, "-m", "spreeze.cli", "train", "--run-dir", str(run), *FAST, "--total-steps", "1000000",
            "eval.video_every=1"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     profile = tempfile.mkdtemp(prefix="spz-chromium-")

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from common.devices import checked_device, checked_devices
-from common.errors import ConfigError
-from services.supervisor.probe import cuda_devices
+from spreeze.common.devices import checked_device, checked_devices
+from spreeze.common.errors import ConfigError
+from spreeze.services.supervisor.probe import cuda_devices
 from tests.helpers import config
 
 
@@ -46,7 +46,7 @@ def test_both_learner_devices_are_checked(tmp_path: Path) -> None:
 ])
 def test_train_refuses_a_missing_gpu_before_any_service_starts(tmp_path: Path, override: str) -> None:
     run = tmp_path / "r"
-    proc = subprocess.run([sys.executable, "-m", "cli", "train", "--env", "Pendulum-v1", "--run-dir", str(run),
+    proc = subprocess.run([sys.executable, "-m", "spreeze.cli", "train", "--env", "Pendulum-v1", "--run-dir", str(run),
                            override], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     [line] = proc.stderr.strip().splitlines()  # one line, naming the key and the value
@@ -59,7 +59,7 @@ def test_train_refuses_a_missing_gpu_before_any_service_starts(tmp_path: Path, o
                                      ["bench", "update", "--device", "cuda:64"]])
 def test_the_benches_refuse_a_missing_gpu_before_any_service_starts(tmp_path: Path, command: list[str]) -> None:
     out = tmp_path / "runs"
-    proc = subprocess.run([sys.executable, "-m", "cli", *command, "--out", str(out)], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "spreeze.cli", *command, "--out", str(out)], capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     [line] = proc.stderr.strip().splitlines()

@@ -9,8 +9,8 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from common.envs import EnvBatch, env_spec, make_env
-from common.errors import ConfigError
+from spreeze.common.envs import EnvBatch, env_spec, make_env
+from spreeze.common.errors import ConfigError
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -104,9 +104,9 @@ def test_termination_is_done_with_the_terminal_obs() -> None:
 def test_making_halfcheetah_prints_no_mujoco_deprecation() -> None:
     """gymnasium's HalfCheetah model uses `settotalmass`, which MuJoCo 3.3+ warns about on
     stdout at every load: a fresh process making it twice prints nothing of it."""
-    code = ("from common.envs import make_env\n"
+    code = ("from spreeze.common.envs import make_env\n"
             "make_env('HalfCheetah-v5').close(); make_env('HalfCheetah-v5').close()\n"
-            "import mujoco; from common.envs import _mujoco_warning\n"
+            "import mujoco; from spreeze.common.envs import _mujoco_warning\n"
             "assert mujoco.get_mju_user_warning() is _mujoco_warning\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
@@ -114,8 +114,8 @@ def test_making_halfcheetah_prints_no_mujoco_deprecation() -> None:
 
 
 def test_other_mujoco_warnings_reach_the_log(caplog: pytest.LogCaptureFixture) -> None:
-    from common.envs import _mujoco_warning
-    with caplog.at_level("WARNING", logger="common.envs"):
+    from spreeze.common.envs import _mujoco_warning
+    with caplog.at_level("WARNING", logger="spreeze.common.envs"):
         _mujoco_warning("compiler attribute 'settotalmass' is deprecated and will be removed")
         _mujoco_warning("Nan, Inf or huge value in QACC at DOF 0")
     assert [r.getMessage() for r in caplog.records] == ["MuJoCo: Nan, Inf or huge value in QACC at DOF 0"]

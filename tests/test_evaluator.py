@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-from common.errors import TransportTimeout
-from common.evaluation import evaluate_checkpoint
-from common.learner_io import atomic_save, checkpoint_dir
-from common.service import Service
-from common.transport import Channel
-from common.weights import WeightsPublisher, dense_message
-from proto.messages import EvalResult, Weights
-from services.evaluator.main import Evaluator
+from spreeze.common.errors import TransportTimeout
+from spreeze.common.evaluation import evaluate_checkpoint
+from spreeze.common.learner_io import atomic_save, checkpoint_dir
+from spreeze.common.service import Service
+from spreeze.common.transport import Channel
+from spreeze.common.weights import WeightsPublisher, dense_message
+from spreeze.proto.messages import EvalResult, Weights
+from spreeze.services.evaluator.main import Evaluator
 from tests.helpers import Harness, config, parts, recv_until, run
 
 pytestmark = pytest.mark.timeout(10)

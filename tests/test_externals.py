@@ -11,15 +11,15 @@ import numpy as np
 import pytest
 import zmq.asyncio
 
-from proto.codec import Encoder
-from common.errors import ConfigError
-from common.health import serve_health
-from common.health_probe import probe
-from common.service import reachable
-from common.transport import Channel, tcp_port
-from proto.messages import Experience, Heartbeat, Register
-from services.supervisor.externals import Externals
-from services.supervisor.endpoints import tcp_endpoints
+from spreeze.proto.codec import Encoder
+from spreeze.common.errors import ConfigError
+from spreeze.common.health import serve_health
+from spreeze.common.health_probe import probe
+from spreeze.common.service import reachable
+from spreeze.common.transport import Channel, tcp_port
+from spreeze.proto.messages import Experience, Heartbeat, Register
+from spreeze.services.supervisor.externals import Externals
+from spreeze.services.supervisor.endpoints import tcp_endpoints
 from tests.helpers import config, run
 
 pytestmark = pytest.mark.timeout(20)
@@ -143,7 +143,7 @@ def test_health_socket_answers_with_the_state(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("raw", ["soon", "0", "-3"])
 def test_register_timeout_refused_by_name(raw: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from common.service import ENV_REGISTER_TIMEOUT, register_timeout
+    from spreeze.common.service import ENV_REGISTER_TIMEOUT, register_timeout
 
     monkeypatch.setenv(ENV_REGISTER_TIMEOUT, raw)
     with pytest.raises(ConfigError, match=f"{ENV_REGISTER_TIMEOUT}='{raw}'"):

@@ -26,7 +26,7 @@ FAST = ["--env", "Pendulum-v1", "replay.min_size=1000", "sampler.warmup_steps=10
 
 
 def train(run_dir: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "cli", "train", "--run-dir", str(run_dir), *FAST, *args]
+    cmd = [sys.executable, "-m", "spreeze.cli", "train", "--run-dir", str(run_dir), *FAST, *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 
 
@@ -58,7 +58,7 @@ def test_fused_and_split_both_learn_pendulum(tmp_path: Path) -> None:
             assert {"env_steps", "updates", "wall_time", "return_mean"} <= set(e)
         assert (run / "checkpoints" / "best.pt").is_file()
         assert (run / "config.yaml").is_file()
-    ev = subprocess.run([sys.executable, "-m", "cli", "eval", str(tmp_path / "fused"), "--episodes", "5"],
+    ev = subprocess.run([sys.executable, "-m", "spreeze.cli", "eval", str(tmp_path / "fused"), "--episodes", "5"],
                         capture_output=True, text=True, timeout=120)
     assert ev.returncode == 0, ev.stderr
     assert "over 5 episodes" in ev.stdout
@@ -86,7 +86,7 @@ def test_sac_split_learns_pendulum(tmp_path: Path) -> None:
 @pytest.mark.timeout(300)
 def test_sampler_killed_is_restarted_and_training_goes_on(tmp_path: Path) -> None:
     run = tmp_path / "kill"
-    cmd = [sys.executable, "-m", "cli", "train", "--run-dir", str(run), *FAST,
+    cmd = [sys.executable, "-m", "spreeze.cli", "train", "--run-dir", str(run), *FAST,
            "--total-steps", "4000", "supervisor.backoff=0.5"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -142,7 +142,7 @@ def wait_for(probe, timeout: float):  # type: ignore[no-untyped-def]
     ("learner.batch_size=big", "learner.batch_size='big'"),
 ])
 def test_bad_config_values_are_refused_by_name(tmp_path: Path, override: str, named: str) -> None:
-    proc = subprocess.run([sys.executable, "-m", "cli", "train", "--run-dir", str(tmp_path / "r"),
+    proc = subprocess.run([sys.executable, "-m", "spreeze.cli", "train", "--run-dir", str(tmp_path / "r"),
                            override], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert named in proc.stderr, proc.stderr
@@ -150,7 +150,7 @@ def test_bad_config_values_are_refused_by_name(tmp_path: Path, override: str, na
 
 
 def test_unknown_env_is_refused_by_name(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "cli", "train", "--env", "NoSuchEnv-v9",
+    proc = subprocess.run([sys.executable, "-m", "spreeze.cli", "train", "--env", "NoSuchEnv-v9",
                            "--run-dir", str(tmp_path / "r")], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "NoSuchEnv-v9" in proc.stderr
@@ -163,7 +163,7 @@ def test_ctrl_c_while_the_steps_compile_stops_at_once_with_a_checkpoint(tmp_path
     """The learner updates eagerly while its steps compile (cold: an empty compile cache); a
     Ctrl-C then does not wait for the compile to end."""
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "cli", "train", "--run-dir", str(run), *FAST, "--total-steps", "1000000",
+    cmd = [sys.executable, "-m", "spreeze.cli", "train", "--run-dir", str(run), *FAST, "--total-steps", "1000000",
            "learner.compile=true", "learner.compile_cache=run", "learner.mode=fused", "td3.hidden=[256,256]"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -188,7 +188,7 @@ def test_sigint_stops_every_service_cleanly_exits_130_and_prints_the_resume_comm
     """Ctrl-C once the learner updates: every service stops (the learner checkpoints), the
     shell's status for an interrupted command, and the exact command that continues the run."""
     run = tmp_path / "ctrl c"  # a space: the printed command quotes it
-    cmd = [sys.executable, "-m", "cli", "train", "--run-dir", str(run), *FAST, "--total-steps", "1000000"]
+    cmd = [sys.executable, "-m", "spreeze.cli", "train", "--run-dir", str(run), *FAST, "--total-steps", "1000000"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         wait_for(lambda: True if updates(run) > 0 else None, 90)  # a checkpoint needs an update first

@@ -1,7 +1,7 @@
 """The layers of DESIGN.md, one way only, checked over every module's imports (lazy ones too).
 
 proto/ imports nothing of the project; common/ imports proto only (and itself); services/
-import common and proto, never one another, except that the learner services share
+import spreeze.common and proto, never one another, except that the learner services share
 services/learner/base.py; bench/ and the command line (cli/) sit on top, cli/ above all.
 No import cycles among the project's modules. `spreeze health` stays light (no torch), and so
 do the services that do not train.
@@ -18,8 +18,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("proto", "common", "services", "bench", "cli")
-LEARNER_SERVICES = ("services.learner", "services.actor_learner", "services.critic_learner")
-LEARNER_BASE = "services.learner.base"
+LEARNER_SERVICES = ("spreeze.services.learner", "spreeze.services.actor_learner", "spreeze.services.critic_learner")
+LEARNER_BASE = "spreeze.services.learner.base"
 
 
 def module_name(path: Path) -> str:
@@ -71,9 +71,9 @@ def layer_violation(importer: str, imported: str) -> str | None:
 
 
 def test_every_package_was_found() -> None:
-    assert {"proto.codec", "proto.messages", "common.transport", "services.supervisor.main", "cli.main",
-            "bench.update"} <= set(MODULES)
-    assert "services.learner.base" in GRAPH["services.actor_learner.main"]
+    assert {"spreeze.proto.codec", "spreeze.proto.messages", "spreeze.common.transport", "spreeze.services.supervisor.main", "spreeze.cli.main",
+            "spreeze.bench.update"} <= set(MODULES)
+    assert "spreeze.services.learner.base" in GRAPH["spreeze.services.actor_learner.main"]
 
 
 def test_imports_follow_the_layers() -> None:
@@ -83,17 +83,17 @@ def test_imports_follow_the_layers() -> None:
 
 
 def test_the_rules_catch_what_they_forbid() -> None:
-    assert layer_violation("proto.messages", "common.errors")
-    assert layer_violation("common.cli", "services.supervisor.main")
-    assert layer_violation("common.config", "bench.system")
-    assert layer_violation("services.replay.main", "services.sampler.main")
-    assert layer_violation("services.evaluator.main", "services.learner.base")
-    assert layer_violation("services.actor_learner.main", "services.learner.main")
-    assert layer_violation("services.supervisor.main", "cli.main")
-    assert layer_violation("bench.update", "cli.main")
-    assert layer_violation("services.critic_learner.main", "services.learner.base") is None
-    assert layer_violation("cli.train", "services.supervisor.start") is None
-    assert layer_violation("bench.update", "services.supervisor.main") is None
+    assert layer_violation("spreeze.proto.messages", "spreeze.common.errors")
+    assert layer_violation("spreeze.common.cli", "spreeze.services.supervisor.main")
+    assert layer_violation("spreeze.common.config", "spreeze.bench.system")
+    assert layer_violation("spreeze.services.replay.main", "spreeze.services.sampler.main")
+    assert layer_violation("spreeze.services.evaluator.main", "spreeze.services.learner.base")
+    assert layer_violation("spreeze.services.actor_learner.main", "spreeze.services.learner.main")
+    assert layer_violation("spreeze.services.supervisor.main", "spreeze.cli.main")
+    assert layer_violation("spreeze.bench.update", "spreeze.cli.main")
+    assert layer_violation("spreeze.services.critic_learner.main", "spreeze.services.learner.base") is None
+    assert layer_violation("spreeze.cli.train", "spreeze.services.supervisor.start") is None
+    assert layer_violation("spreeze.bench.update", "spreeze.services.supervisor.main") is None
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -140,15 +140,15 @@ def test_no_import_cycles() -> None:
 def test_light_commands_import_no_torch(command: str) -> None:
     """The command line imports a command's module only when it runs: `spreeze health` (a
     container's health check) must not pay for torch, gymnasium or the run config."""
-    code = (f"import sys\nfrom cli.main import parser\nparser({command!r})\n"
-            "heavy = sorted(m for m in ('torch', 'gymnasium', 'common.config') if m in sys.modules)\n"
+    code = (f"import sys\nfrom spreeze.cli.main import parser\nparser({command!r})\n"
+            "heavy = sorted(m for m in ('torch', 'gymnasium', 'spreeze.common.config') if m in sys.modules)\n"
             "print(heavy)\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
-@pytest.mark.parametrize("module", ["services.sampler.main", "services.replay.main",
-                                    "services.visualizer.main", "services.supervisor.main"])
+@pytest.mark.parametrize("module", ["spreeze.services.sampler.main", "spreeze.services.replay.main",
+                                    "spreeze.services.visualizer.main", "spreeze.services.supervisor.main"])
 def test_services_that_do_not_train_import_no_torch(module: str) -> None:
     """Only learners (and the evaluator, which writes torch checkpoints) import torch: the run
     config and the algorithm descriptors are torch-free, so a sampler host needs no torch and a
@@ -161,9 +161,9 @@ def test_services_that_do_not_train_import_no_torch(module: str) -> None:
 def test_a_health_check_run_imports_nothing_heavy(tmp_path: Path) -> None:
     """Docker runs `spreeze health` in every container every few seconds: the whole command,
     run against a socket nobody answers, loads neither torch, gymnasium, asyncio nor the config."""
-    code = ("import sys\nfrom cli.main import main\n"
+    code = ("import sys\nfrom spreeze.cli.main import main\n"
             f"status = main(['health', 'ipc://{tmp_path}/nobody', '--timeout', '0.05'])\n"
-            "heavy = sorted(m for m in ('torch', 'gymnasium', 'asyncio', 'common.config') if m in sys.modules)\n"
+            "heavy = sorted(m for m in ('torch', 'gymnasium', 'asyncio', 'spreeze.common.config') if m in sys.modules)\n"
             "print(status, heavy)\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "1 []", out.stdout + out.stderr

@@ -14,15 +14,15 @@ import torch
 import zmq
 
 
-from common.errors import ConfigError
-from common.learner_io import atomic_save, checkpoint_dir
-from common.numpy_policy import NumpyActor
-from common.weights import WeightsFollower, WeightsPublisher, dense_message
-from proto.messages import Weights
-from services.actor_learner.main import ActorLearner
-from services.critic_learner.main import CriticLearner
-from services.learner.main import Learner
-from services.replay.main import Replay
+from spreeze.common.errors import ConfigError
+from spreeze.common.learner_io import atomic_save, checkpoint_dir
+from spreeze.common.numpy_policy import NumpyActor
+from spreeze.common.weights import WeightsFollower, WeightsPublisher, dense_message
+from spreeze.proto.messages import Weights
+from spreeze.services.actor_learner.main import ActorLearner
+from spreeze.services.critic_learner.main import CriticLearner
+from spreeze.services.learner.main import Learner
+from spreeze.services.replay.main import Replay
 from tests.helpers import Harness, config, experience, layout_of, needs_cxx, parts, run, until
 
 pytestmark = pytest.mark.timeout(10)
@@ -195,7 +195,7 @@ def test_split_pair_keeps_going(tmp_path: Path, max_lag: int) -> None:
 
 
 def test_batch_stream_takes_several_batches_per_request(tmp_path: Path) -> None:
-    from common.learner_io import BatchStream
+    from spreeze.common.learner_io import BatchStream
 
     async def body() -> None:
         async with Harness(config(tmp_path, "replay.update_to_data=0")) as h:
@@ -289,7 +289,7 @@ def test_learners_update_eagerly_while_compiling_then_switch_to_compiled(tmp_pat
 
 
 def test_a_learner_refuses_a_checkpoint_of_other_networks(tmp_path: Path) -> None:
-    from common.config import to_dict
+    from spreeze.common.config import to_dict
 
     async def body() -> None:
         async with Harness(config(tmp_path)) as h:

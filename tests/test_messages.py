@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import zmq
 
-from proto.codec import Encoder, decode
-from proto.errors import SchemaError, UnknownTypeError
-from proto.messages import (
+from spreeze.proto.codec import Encoder, decode
+from spreeze.proto.errors import SchemaError, UnknownTypeError
+from spreeze.proto.messages import (
     MESSAGE_TYPES, Control, ControlReply, Error, EvalResult, Event, Experience, ExperienceAck, Heartbeat, Message,
     Metrics, Register, SampledBatch, SampleRequest, TransitionLayout, Weights, Welcome,
     from_envelope, to_frames,

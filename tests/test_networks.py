@@ -10,7 +10,7 @@ import torch
 from torch import distributions as D
 from torch import nn
 
-from common.networks import DeterministicActor, GaussianActor, TwinCritic, mlp
+from spreeze.common.networks import DeterministicActor, GaussianActor, TwinCritic, mlp
 
 torch.set_num_threads(1)
 LOW = np.array([-1.0, -2.0, 0.0], dtype=np.float32)

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from common.algorithms.base import module_state
-from common.networks import DeterministicActor, GaussianActor
-from common.numpy_policy import NumpyActor
+from spreeze.common.algorithms.base import module_state
+from spreeze.common.networks import DeterministicActor, GaussianActor
+from spreeze.common.numpy_policy import NumpyActor
 
 torch.set_num_threads(1)
 LOW = np.array([-1.0, -2.0, 0.0], dtype=np.float32)

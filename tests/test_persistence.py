@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from proto.messages import Experience, ExperienceAck
-from services.replay.main import Replay
-from services.replay.snapshot import complete_snapshots
-from services.sampler.outbox import Outbox
+from spreeze.proto.messages import Experience, ExperienceAck
+from spreeze.services.replay.main import Replay
+from spreeze.services.replay.snapshot import complete_snapshots
+from spreeze.services.sampler.outbox import Outbox
 from tests.helpers import Harness, config, experience, layout_of, run
 
 pytestmark = pytest.mark.timeout(60)
@@ -41,7 +41,7 @@ def snapshot_now(r: Replay) -> dict:
 
 def fresh(h: Harness, sid: str = "replay") -> Replay:
     r = h.build(Replay, sid)
-    from services.replay.snapshot import SnapshotWriter
+    from spreeze.services.replay.snapshot import SnapshotWriter
     r.snapshots = SnapshotWriter(r.snapshot_dir)
     return r
 
@@ -122,8 +122,8 @@ def test_snapshot_without_marker_is_ignored(tmp_path: Path) -> None:
 KILLED_WRITER = """
 import sys, time, numpy as np
 from pathlib import Path
-from common.replay_buffer import ReplayBuffer
-from services.replay.snapshot import SnapshotWriter
+from spreeze.common.replay_buffer import ReplayBuffer
+from spreeze.services.replay.snapshot import SnapshotWriter
 b = ReplayBuffer(400_000, 17, 6, seed=0)
 owner = np.zeros(b.capacity, np.uint16)
 d = Path(sys.argv[1])
@@ -159,8 +159,8 @@ def test_snapshot_killed_mid_write_is_ignored_and_the_previous_one_used(tmp_path
     finally:
         if proc.poll() is None:
             proc.kill()
-    from common.replay_buffer import ReplayBuffer
-    from services.replay.snapshot import SnapshotWriter, load_latest
+    from spreeze.common.replay_buffer import ReplayBuffer
+    from spreeze.services.replay.snapshot import SnapshotWriter, load_latest
     b = ReplayBuffer(400_000, 17, 6, seed=0)
     owner = np.zeros(b.capacity, np.uint16)
     done = sorted(complete_snapshots(d))
@@ -254,7 +254,7 @@ def ledger_of(run_dir: Path, sender: str) -> dict[str, int]:
 
 
 def final_snapshot_rows(run_dir: Path) -> np.ndarray:
-    from services.replay.snapshot import _read_meta
+    from spreeze.services.replay.snapshot import _read_meta
     d = run_dir / "replay"
     meta = _read_meta(d, max(complete_snapshots(d)))
     parts = []
@@ -268,7 +268,7 @@ def final_snapshot_rows(run_dir: Path) -> np.ndarray:
 def test_replay_sigkilled_mid_training_restores_and_nothing_is_lost_or_duplicated(tmp_path: Path) -> None:
     from tests.test_integration import FAST, env_steps, records, registered_pid, wait_for
     run_dir = tmp_path / "kill-replay"
-    cmd = [sys.executable, "-m", "cli", "train", "--run-dir", str(run_dir), *FAST, "--total-steps", "5000",
+    cmd = [sys.executable, "-m", "spreeze.cli", "train", "--run-dir", str(run_dir), *FAST, "--total-steps", "5000",
            "supervisor.backoff=0.5", "replay.snapshot_every_s=1", "sampler.ack_timeout=3"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -317,7 +317,7 @@ def test_sigterm_a_whole_run_then_resume_continues_where_it_stopped(tmp_path: Pa
 
     from tests.test_integration import FAST, LEARNED, env_steps, records, wait_for
     run_dir = tmp_path / "resume"
-    cmd = [sys.executable, "-m", "cli", "train", "--run-dir", str(run_dir), *FAST, "--total-steps", "100000",
+    cmd = [sys.executable, "-m", "spreeze.cli", "train", "--run-dir", str(run_dir), *FAST, "--total-steps", "100000",
            "replay.snapshot_every_s=5"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -333,14 +333,14 @@ def test_sigterm_a_whole_run_then_resume_continues_where_it_stopped(tmp_path: Pa
     assert stopped_updates > 0
     before = evals_by_session(run_dir)[0]
 
-    refused = subprocess.run([sys.executable, "-m", "cli", "train", "--resume", str(run_dir),
+    refused = subprocess.run([sys.executable, "-m", "spreeze.cli", "train", "--resume", str(run_dir),
                               "learner.batch_size=64"], capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2 and "learner.batch_size" in refused.stderr, refused.stderr
-    again = subprocess.run([sys.executable, "-m", "cli", "train", "--run-dir", str(run_dir)],
+    again = subprocess.run([sys.executable, "-m", "spreeze.cli", "train", "--run-dir", str(run_dir)],
                            capture_output=True, text=True, timeout=60)
     assert again.returncode == 2 and "--resume" in again.stderr, again.stderr
 
-    resumed = subprocess.run([sys.executable, "-m", "cli", "train", "--resume", str(run_dir),
+    resumed = subprocess.run([sys.executable, "-m", "spreeze.cli", "train", "--resume", str(run_dir),
                               "--total-steps", str(stopped_steps + 3000)], capture_output=True, text=True,
                              timeout=400)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
@@ -360,7 +360,7 @@ def test_sigterm_a_whole_run_then_resume_continues_where_it_stopped(tmp_path: Pa
 
 
 def test_serve_acks_batches_and_announces_durable_ones_after_a_snapshot(tmp_path: Path) -> None:
-    from common.errors import TransportTimeout
+    from spreeze.common.errors import TransportTimeout
 
     async def body() -> None:
         async with Harness(config(tmp_path, "replay.snapshot_every_s=0.2", "replay.update_to_data=0")) as h:
@@ -418,11 +418,11 @@ def test_a_snapshot_without_new_rows_still_completes(tmp_path: Path) -> None:
 def test_resume_accepts_budget_keys_only(tmp_path: Path) -> None:
     import yaml
 
-    from cli.main import main as cli
-    from cli.main import parser
-    from cli.train import train_config
-    from common.config import to_dict
-    from common.errors import ConfigError
+    from spreeze.cli.main import main as cli
+    from spreeze.cli.main import parser
+    from spreeze.cli.train import train_config
+    from spreeze.common.config import to_dict
+    from spreeze.common.errors import ConfigError
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(config(run_dir))))
@@ -451,10 +451,10 @@ def test_resume_refuses_a_checkpoint_made_for_other_networks(tmp_path: Path,
     settings (an edited config.yaml, a copied checkpoint) stops at start, naming the keys."""
     import yaml
 
-    from cli.main import main as cli
-    from common.checkpoint_spec import check_made_for, made_for, write_sidecar
-    from common.config import to_dict
-    from common.errors import ConfigError
+    from spreeze.cli.main import main as cli
+    from spreeze.common.checkpoint_spec import check_made_for, made_for, write_sidecar
+    from spreeze.common.config import to_dict
+    from spreeze.common.errors import ConfigError
     run_dir = tmp_path / "run"
     checkpoints = run_dir / "checkpoints"
     checkpoints.mkdir(parents=True)

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from common.errors import ConfigError
-from common.plot import (NO_UPDATES, curve, learning_figure, load, mean_std, plot_runs, sampling_curve,
+from spreeze.common.errors import ConfigError
+from spreeze.common.plot import (NO_UPDATES, curve, learning_figure, load, mean_std, plot_runs, sampling_curve,
                          throughput_figure)
 
 matplotlib.use("Agg")
@@ -62,7 +62,7 @@ def test_one_run_writes_both_pngs_into_its_directory(tmp_path: Path) -> None:
 def test_several_runs_through_the_cli(tmp_path: Path) -> None:
     runs = [str(fake_run(tmp_path / f"seed{i}", 50.0 * i)) for i in range(3)]
     out = tmp_path / "plots"
-    proc = subprocess.run([sys.executable, "-m", "cli", "plot", *runs, "--out", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "spreeze.cli", "plot", *runs, "--out", str(out)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == [str(out / "learning_curves.png"), str(out / "throughput.png")]
@@ -74,7 +74,7 @@ def test_bad_run_directories_are_named(tmp_path: Path) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
     (empty / "metrics.jsonl").write_text('{"kind": "start", "wall_time": 0}\n')
-    proc = subprocess.run([sys.executable, "-m", "cli", "plot", str(empty)],
+    proc = subprocess.run([sys.executable, "-m", "spreeze.cli", "plot", str(empty)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "no evaluation in" in proc.stderr and str(empty) in proc.stderr
 

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from common.algorithms.sac import SACConfig
-from common.algorithms.td3 import TD3Config
-from common.config import given_keys
-from common.envs import task_facts
-from common.errors import ConfigError
-from services.supervisor.processes import core_sets
-from services.supervisor.probe import (Gpu, Hardware, apply, cpu_seconds, cxx_compiler, host_cpu, memory_gib,
+from spreeze.common.algorithms.sac import SACConfig
+from spreeze.common.algorithms.td3 import TD3Config
+from spreeze.common.config import given_keys
+from spreeze.common.envs import task_facts
+from spreeze.common.errors import ConfigError
+from spreeze.services.supervisor.processes import core_sets
+from spreeze.services.supervisor.probe import (Gpu, Hardware, apply, cpu_seconds, cxx_compiler, host_cpu, memory_gib,
                                        parse_nvidia_smi, plan, probe)
 from tests.helpers import config
 

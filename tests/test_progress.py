@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-from common.algorithms.td3 import TD3Config
-from common.algorithms.build import make_parts
-from common.sparse_config import SparseConfig
-from common.sparse_stats import combined_flops_ratio
-from proto.messages import EvalResult, Metrics
-from services.supervisor.progress import Progress, StepRate
+from spreeze.common.algorithms.td3 import TD3Config
+from spreeze.common.algorithms.build import make_parts
+from spreeze.common.sparse_config import SparseConfig
+from spreeze.common.sparse_stats import combined_flops_ratio
+from spreeze.proto.messages import EvalResult, Metrics
+from spreeze.services.supervisor.progress import Progress, StepRate
 
 pytestmark = pytest.mark.timeout(30)
 DENSE_LINE = re.compile(r"^\[\s*\d+s\] steps 400/1,000 \| updates 200 \| sampling [\d,]+ Hz \| "
@@ -125,7 +125,7 @@ def test_fused_learner_reads_out_on_an_actor_update() -> None:
     policy_delay), so the actor's sparsity reaches the line; the first update is read out as well."""
     from types import SimpleNamespace
 
-    from services.learner.main import LOSS_EVERY, Learner
+    from spreeze.services.learner.main import LOSS_EVERY, Learner
 
     def due(critic_updates: int, delay: int) -> bool:
         stand_in = SimpleNamespace(critic=SimpleNamespace(updates=critic_updates),
@@ -183,7 +183,7 @@ def test_time_left_does_not_jump_and_is_never_shown_past_the_budget(tmp_path: Pa
 
 
 def test_compile_state_in_words() -> None:
-    from common.compile_state import compile_state
+    from spreeze.common.compile_state import compile_state
     assert compile_state({"compiling": 1.0, "compile_cold": 0.0, "compile_expected_s": 4.2,
                           "compile_elapsed_s": 1.0}) == "compiling (~4s) 1s"
     assert compile_state({"compiling": 0.0, "compile_s": 30.6}) == "compiled 31s"

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.errors import ConfigError
-from common.rate_limiter import RateLimitedError, RateLimiter, RateLimiterConfig
+from spreeze.common.errors import ConfigError
+from spreeze.common.rate_limiter import RateLimitedError, RateLimiter, RateLimiterConfig
 
 
 def limiter(spi: float | None = 4.0, min_size: int = 10, eb: float = 8.0) -> RateLimiter:

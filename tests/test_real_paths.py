@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from bench.engine import jsonl
+from spreeze.bench.engine import jsonl
 from tests import docker_engine as de
 
 WHY_NOT = de.ready()

@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 import zmq
 
-from proto.codec import Encoder
-from common.curve_auth import client_keys, make_keys
-from proto.messages import Experience, to_frames
+from spreeze.proto.codec import Encoder
+from spreeze.common.curve_auth import client_keys, make_keys
+from spreeze.proto.messages import Experience, to_frames
 from tests.helpers import free_port_base
 from tests.test_integration import FAST, pid_alive, records, wait_for
 
@@ -29,7 +29,7 @@ REMOTE = [*FAST, "sampler.num_samplers=0", "supervisor.heartbeat_interval=0.5", 
 
 
 def cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "cli", *args]
+    return [sys.executable, "-m", "spreeze.cli", *args]
 
 
 def roster(run: Path) -> dict[str, dict]:

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.errors import ConfigError
-from common.replay_buffer import FIELDS, ReplayBuffer, ReplayEmptyError, ReplayInputError
+from spreeze.common.errors import ConfigError
+from spreeze.common.replay_buffer import FIELDS, ReplayBuffer, ReplayEmptyError, ReplayInputError
 
 OBS, ACT = 3, 2
 

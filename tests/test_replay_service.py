@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 import zmq
 
-from common.transport import Channel
-from proto.codec import Encoder, decode
-from proto.messages import (Control, Error, Experience, ExperienceAck, SampledBatch, SampleRequest, TransitionLayout,
+from spreeze.common.transport import Channel
+from spreeze.proto.codec import Encoder, decode
+from spreeze.proto.messages import (Control, Error, Experience, ExperienceAck, SampledBatch, SampleRequest, TransitionLayout,
                             from_envelope, to_frames)
-from services.replay.ledger import WARMUP_LEASE
-from services.replay.main import Replay, limiter_config
+from spreeze.services.replay.ledger import WARMUP_LEASE
+from spreeze.services.replay.main import Replay, limiter_config
 from tests.helpers import Harness, config, experience, layout_of, metric_from, nothing_on, recv_until, run, until
 
 pytestmark = pytest.mark.timeout(10)

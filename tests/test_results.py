@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import yaml
 
-from bench import results as R
-from bench.runs import read_evals
-from common.config import load_config, to_dict
+from spreeze.bench import results as R
+from spreeze.bench.runs import read_evals
+from spreeze.common.config import load_config, to_dict
 
 pytestmark = pytest.mark.timeout(60)
 SMALL = ["env=Pendulum-v1", "td3.hidden=[32,32]"]
@@ -239,7 +239,7 @@ def test_arguments_overrides_anywhere_and_variants() -> None:
 @pytest.mark.timeout(240)
 def test_results_end_to_end_pendulum(tmp_path: Path) -> None:
     out = tmp_path / "results" / "Pendulum-v1.md"
-    cmd = [sys.executable, "-m", "cli", "results", "--env", "Pendulum-v1", "--total-steps", "3000",
+    cmd = [sys.executable, "-m", "spreeze.cli", "results", "--env", "Pendulum-v1", "--total-steps", "3000",
            "--seeds", "0", "--modes", "dense", "ds", "replay.min_size=500", "sampler.warmup_steps=500",
            "eval.every_updates=300", "eval.episodes=1", "sparse.sparsity=0.5", "--out", str(out),
            "--runs-dir", str(tmp_path / "runs")]

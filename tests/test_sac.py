@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from common.algorithms.sac import SACConfig
-from common.algorithms.base import fused_step
-from common.algorithms.build import make_parts
-from common.algorithms.sac import SACActorPart, SACCriticPart
+from spreeze.common.algorithms.sac import SACConfig
+from spreeze.common.algorithms.base import fused_step
+from spreeze.common.algorithms.build import make_parts
+from spreeze.common.algorithms.sac import SACActorPart, SACCriticPart
 
 torch.set_num_threads(1)
 CPU = torch.device("cpu")

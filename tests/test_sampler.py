@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.numpy_policy import NumpyActor
-from common.weights import WeightsPublisher, dense_message
-from common.errors import TransportTimeout
-from common.transport import Channel
-from proto.messages import Control, Experience, ExperienceAck, Weights
-from services.sampler.main import Sampler
+from spreeze.common.numpy_policy import NumpyActor
+from spreeze.common.weights import WeightsPublisher, dense_message
+from spreeze.common.errors import TransportTimeout
+from spreeze.common.transport import Channel
+from spreeze.proto.messages import Control, Experience, ExperienceAck, Weights
+from spreeze.services.sampler.main import Sampler
 from tests.helpers import Harness, config, nothing_on, parts, run
 
 pytestmark = pytest.mark.timeout(10)

@@ -11,11 +11,11 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from common import service as service_mod
-from proto.codec import Encoder
-from common.errors import ConfigError, PeerError, TransportTimeout
-from common.service import ENV_CONTROL, ENV_SERVICE_ID, Service, _main, _register
-from proto.messages import Control, ControlReply, Heartbeat, Register, Welcome
+from spreeze.common import service as service_mod
+from spreeze.proto.codec import Encoder
+from spreeze.common.errors import ConfigError, PeerError, TransportTimeout
+from spreeze.common.service import ENV_CONTROL, ENV_SERVICE_ID, Service, _main, _register
+from spreeze.proto.messages import Control, ControlReply, Heartbeat, Register, Welcome
 from tests.helpers import Harness, config, nothing_on, recv_until, run
 
 pytestmark = pytest.mark.timeout(10)

@@ -12,32 +12,32 @@ import pytest
 import torch
 from torch import nn
 
-from common.algorithms.sac import SACConfig
-from common.algorithms.td3 import TD3Config
-from common.algorithms.base import fused_step
-from common.algorithms.build import make_parts
-from common.algorithms.base import ActorPart, CriticPart
-from cli.main import parser
-from cli.train import train_config
-from proto.codec import Encoder, decode
-from common.config import load_config
-from common.errors import ConfigError
-from common.numpy_policy import NumpyActor
-from common.sparse import SparseTopology, forward_flops, hidden_layers
-from common.sparse_config import SparseConfig
-from common.sparse_masks import drop_indices, split_by_sign, target_densities
-from common.sparse_stats import overall_sparsity, training_flops_ratio
-from common.weights import (
+from spreeze.common.algorithms.sac import SACConfig
+from spreeze.common.algorithms.td3 import TD3Config
+from spreeze.common.algorithms.base import fused_step
+from spreeze.common.algorithms.build import make_parts
+from spreeze.common.algorithms.base import ActorPart, CriticPart
+from spreeze.cli.main import parser
+from spreeze.cli.train import train_config
+from spreeze.proto.codec import Encoder, decode
+from spreeze.common.config import load_config
+from spreeze.common.errors import ConfigError
+from spreeze.common.numpy_policy import NumpyActor
+from spreeze.common.sparse import SparseTopology, forward_flops, hidden_layers
+from spreeze.common.sparse_config import SparseConfig
+from spreeze.common.sparse_masks import drop_indices, split_by_sign, target_densities
+from spreeze.common.sparse_stats import overall_sparsity, training_flops_ratio
+from spreeze.common.weights import (
     WeightsFollower,
     dense_message,
     sparse_message,
     to_state,
     weights_message,
 )
-from proto.messages import Weights, from_envelope, to_frames
-from services.actor_learner.main import ActorLearner
-from services.critic_learner.main import CriticLearner
-from services.replay.main import Replay
+from spreeze.proto.messages import Weights, from_envelope, to_frames
+from spreeze.services.actor_learner.main import ActorLearner
+from spreeze.services.critic_learner.main import CriticLearner
+from spreeze.services.replay.main import Replay
 from tests import helpers
 
 pytestmark = pytest.mark.timeout(30)

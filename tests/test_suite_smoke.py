@@ -28,7 +28,7 @@ SHORT = ["--total-steps", "2000", "sampler.warmup_steps=1000", "replay.min_size=
 @pytest.mark.parametrize("algo, env", [("td3", "Hopper-v5"), ("sac", "Walker2d-v5"), ("td3", "Ant-v5")])
 def test_short_run_on_each_task(tmp_path: Path, algo: str, env: str) -> None:
     run = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "cli", "train", "--env", env, "--algo", algo,
+    proc = subprocess.run([sys.executable, "-m", "spreeze.cli", "train", "--env", env, "--algo", algo,
                            "--run-dir", str(run), *SHORT], capture_output=True, text=True, timeout=220)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "budget of 2,000 env steps reached" in proc.stdout, proc.stdout[-3000:]

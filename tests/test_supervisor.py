@@ -14,14 +14,14 @@ from typing import Any
 import pytest
 import zmq.asyncio
 
-from proto.codec import Encoder
-from common.config import Config
-from common.transport import Channel
-from proto.messages import EvalResult, Event, Metrics
-from services.supervisor.main import Supervisor
-from services.supervisor.processes import OBSERVER_NICE, Child, RestartPolicy, ServiceSpec, roster, service, spawn
-from services.supervisor.progress import Progress
-from services.supervisor.samplers import SamplerPool
+from spreeze.proto.codec import Encoder
+from spreeze.common.config import Config
+from spreeze.common.transport import Channel
+from spreeze.proto.messages import EvalResult, Event, Metrics
+from spreeze.services.supervisor.main import Supervisor
+from spreeze.services.supervisor.processes import OBSERVER_NICE, Child, RestartPolicy, ServiceSpec, roster, service, spawn
+from spreeze.services.supervisor.progress import Progress
+from spreeze.services.supervisor.samplers import SamplerPool
 from tests.helpers import config
 
 pytestmark = pytest.mark.timeout(10)
@@ -37,7 +37,7 @@ def records(path: Path, kind: str) -> list[dict[str, Any]]:
 
 def test_restart_backoff_doubles_then_gives_up() -> None:
     policy = RestartPolicy(max_restarts=3, window=10.0, backoff=0.5)
-    child = Child(ServiceSpec("sampler-0", "sampler", "services.sampler"))
+    child = Child(ServiceSpec("sampler-0", "sampler", "spreeze.services.sampler"))
     delays = []
     for now in (0.0, 1.0, 2.0):
         delays.append(policy.next_delay(child, now))
@@ -48,7 +48,7 @@ def test_restart_backoff_doubles_then_gives_up() -> None:
 
 def test_restarts_leave_the_window() -> None:
     policy = RestartPolicy(max_restarts=3, window=10.0, backoff=0.5)
-    child = Child(ServiceSpec("sampler-0", "sampler", "services.sampler"))
+    child = Child(ServiceSpec("sampler-0", "sampler", "spreeze.services.sampler"))
     child.restarts.extend([0.0, 1.0, 2.0])
     assert policy.next_delay(child, 10.5) == 2.0  # the restart at 0 expired; two remain
     assert list(child.restarts) == [1.0, 2.0]
@@ -285,7 +285,7 @@ def test_replay_metrics_reaching_the_budget_stop_the_run(tmp_path: Path) -> None
 
 
 def test_ledger_adds_up_a_restarted_samplers_incarnations() -> None:
-    from services.supervisor.ledger import Ledger
+    from spreeze.services.supervisor.ledger import Ledger
 
     ledger = Ledger()
     ledger.heard("sampler-0", {"env_steps": 50})  # not registered yet: not counted
@@ -308,7 +308,7 @@ def test_a_hub_prints_and_records_the_plan_that_turned_compile_off(tmp_path: Pat
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     """A hub (compose, Swarm) starts no process, but the config it hands out was planned: its
     plan lines say why the learners update eagerly, on the console and in metrics.jsonl."""
-    from services.supervisor import main, probe, start
+    from spreeze.services.supervisor import main, probe, start
 
     monkeypatch.setattr(probe, "probe", lambda: probe.Hardware(cores=2, memory_gib=4.0))  # no C++ compiler
     monkeypatch.setattr(main, "BUS_WAIT", 0.5)  # no service publishes here: announce once the bus is up

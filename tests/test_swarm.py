@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from tests import docker_engine as de
-from bench.engine import jsonl
+from spreeze.bench.engine import jsonl
 from tests.test_real_paths import ledger_senders
 
 WHY_NOT = de.ready()

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from common.config import TCP_OFFSETS, TCP_PORT_ORDER
-from common.errors import ConfigError
-from common.transport import bind_address
-from services.supervisor.endpoints import tcp_table
+from spreeze.common.config import TCP_OFFSETS, TCP_PORT_ORDER
+from spreeze.common.errors import ConfigError
+from spreeze.common.transport import bind_address
+from spreeze.services.supervisor.endpoints import tcp_table
 from tests.helpers import config, free_port_base
 from tests.test_integration import best_eval, records, train
 

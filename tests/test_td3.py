@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from common.algorithms.td3 import TD3Config
-from common.algorithms.base import fused_step
-from common.algorithms.build import make_parts
-from common.algorithms.td3 import TD3ActorPart, TD3CriticPart
+from spreeze.common.algorithms.td3 import TD3Config
+from spreeze.common.algorithms.base import fused_step
+from spreeze.common.algorithms.build import make_parts
+from spreeze.common.algorithms.td3 import TD3ActorPart, TD3CriticPart
 
 torch.set_num_threads(1)
 CPU = torch.device("cpu")

@@ -18,13 +18,13 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from proto.codec import PROTOCOL_VERSION, Encoder, decode
-from common.config import MAX_PREFETCH
-from common.errors import TransportTimeout
-from common.transport import (
+from spreeze.proto.codec import PROTOCOL_VERSION, Encoder, decode
+from spreeze.common.config import MAX_PREFETCH
+from spreeze.common.errors import TransportTimeout
+from spreeze.common.transport import (
     Channel, ipc_endpoint,
 )
-from proto.messages import (
+from spreeze.proto.messages import (
     Control, ControlReply, Error, Experience, Heartbeat, SampledBatch, SampleRequest,
     TransitionLayout, from_envelope,
 )

@@ -11,9 +11,9 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from proto.codec import Encoder
-from common.errors import ConfigError
-from common.transport import IPC_PATH_MAX, ROLES, Channel, check_endpoint, ephemeral_ports, in_use_hint, ipc_endpoint
+from spreeze.proto.codec import Encoder
+from spreeze.common.errors import ConfigError
+from spreeze.common.transport import IPC_PATH_MAX, ROLES, Channel, check_endpoint, ephemeral_ports, in_use_hint, ipc_endpoint
 
 def test_ipc_dir_is_private_and_short(ipc_dir: str) -> None:
     assert stat.S_IMODE(os.stat(ipc_dir).st_mode) == 0o700

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from services.supervisor.tuner import INVERSE, Bounds, Decision, Setting, Window, Tuner
-from services.supervisor.tuning import Sample, window_between
+from spreeze.services.supervisor.tuner import INVERSE, Bounds, Decision, Setting, Window, Tuner
+from spreeze.services.supervisor.tuning import Sample, window_between
 from tests.tuner_model import ENV_STEP, best, measure, rates
 
 WINDOW = 14.0  # seconds per measurement window (settle + window of the defaults)

@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from common.config import given_keys
-from services.supervisor.main import Supervisor
-from services.supervisor.probe import plan, probe
-from services.supervisor.tuner import Setting
+from spreeze.common.config import given_keys
+from spreeze.services.supervisor.main import Supervisor
+from spreeze.services.supervisor.probe import plan, probe
+from spreeze.services.supervisor.tuner import Setting
 from tests.helpers import config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,8 +107,8 @@ async def drive(sup: Supervisor, seen: dict[str, Any]) -> None:
 def test_a_sampler_joining_late_gets_the_runs_config(tmp_path: Path) -> None:
     """No per-process warm-up share any more: every role's welcome carries the run's config,
     before and after the warm-up; replay grants random steps in its acks (SPEC §6)."""
-    from proto.messages import Metrics
-    from services.supervisor.progress import Progress
+    from spreeze.proto.messages import Metrics
+    from spreeze.services.supervisor.progress import Progress
 
     sup = Supervisor(config(tmp_path, "sampler.warmup_steps=1000", "sampler.num_samplers=2"), quiet=True)
     sup.progress = Progress(tmp_path / "metrics.jsonl", 10_000, 0.0)
@@ -128,7 +128,7 @@ def test_spreeze_train_tunes_and_publishes_each_decision(tmp_path: Path) -> None
     import sys
 
     run = tmp_path / "tuned"
-    cmd = [sys.executable, "-m", "cli", "train", "--run-dir", str(run), "--env", "Pendulum-v1",
+    cmd = [sys.executable, "-m", "spreeze.cli", "train", "--run-dir", str(run), "--env", "Pendulum-v1",
            "--time-limit", "45", "replay.min_size=500", "sampler.warmup_steps=500", "eval.every_updates=100000",
            "supervisor.tune=true", "supervisor.tune_window=3", "supervisor.tune_settle=1",
            "supervisor.progress_every=60", "learner.threads=1"]

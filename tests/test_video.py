@@ -20,12 +20,12 @@ import imageio_ffmpeg
 import numpy as np
 import pytest
 
-from common.envs import make_env
-from common.errors import VideoError
-from common.numpy_policy import NumpyActor
-from common.video import VIDEO_SIZE, EpisodeRecorder, choose_gl, record_episode
-from proto.messages import Event
-from services.evaluator.main import Evaluator
+from spreeze.common.envs import make_env
+from spreeze.common.errors import VideoError
+from spreeze.common.numpy_policy import NumpyActor
+from spreeze.common.video import VIDEO_SIZE, EpisodeRecorder, choose_gl, record_episode
+from spreeze.proto.messages import Event
+from spreeze.services.evaluator.main import Evaluator
 from tests.helpers import Harness, config, parts, recv_until, run
 from tests.test_evaluator import actor, subscribed
 
@@ -89,7 +89,7 @@ def test_environments_load_whatever_mujoco_gl_says() -> None:
     """MuJoCo's first import under an unusable MUJOCO_GL (here, in a fresh process): osmesa on a
     machine without libOSMesa crashes it, as does a value MuJoCo does not know."""
     values = ["nonesuch"] + ([] if ctypes.util.find_library("OSMesa") else ["osmesa"])
-    code = ("from common.envs import make_env; e = make_env('HalfCheetah-v5', seed=0); e.reset(seed=0); "
+    code = ("from spreeze.common.envs import make_env; e = make_env('HalfCheetah-v5', seed=0); e.reset(seed=0); "
             "import os; print(os.environ['MUJOCO_GL'])")
     for value in values:
         done = subprocess.run([sys.executable, "-c", code], env={**os.environ, "MUJOCO_GL": value},

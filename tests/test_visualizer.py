@@ -12,9 +12,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from common.errors import ConfigError
-from proto.messages import EvalResult, Event, Metrics
-from services.visualizer.main import VIDEO_OFF, Visualizer
+from spreeze.common.errors import ConfigError
+from spreeze.proto.messages import EvalResult, Event, Metrics
+from spreeze.services.visualizer.main import VIDEO_OFF, Visualizer
 from tests.helpers import Harness, config, recv_until, run, until
 
 pytestmark = pytest.mark.timeout(60)

@@ -10,11 +10,11 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from proto.codec import Encoder, decode
-from common.errors import TransportTimeout
-from common.transport import Channel
-from common.weights import WeightsFollower, WeightsPublisher, dense_message, sparse_message, to_state
-from proto.messages import Weights, from_envelope, to_frames
+from spreeze.proto.codec import Encoder, decode
+from spreeze.common.errors import TransportTimeout
+from spreeze.common.transport import Channel
+from spreeze.common.weights import WeightsFollower, WeightsPublisher, dense_message, sparse_message, to_state
+from spreeze.proto.messages import Weights, from_envelope, to_frames
 from tests.helpers import Harness, config, run
 
 pytestmark = pytest.mark.timeout(10)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import random
 
-from services.supervisor.tuner import Setting, Window
+from spreeze.services.supervisor.tuner import Setting, Window
 
 ENV_FIXED = 2.0e-4  # seconds per sampler step for the whole env batch (actor call, push share)
 ENV_STEP = 1.2e-4  # seconds per env per step (MuJoCo step, row writes)

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import importlib
 
-from common.algorithms.descriptor import Algorithm
-from common.sparse_config import SparseConfig
+from spreeze.common.algorithms.descriptor import Algorithm
+from spreeze.common.sparse_config import SparseConfig
 
 __all__ = ["ALGOS", "BUILTIN", "Algorithm", "SparseConfig", "algorithm", "registered"]
 
-BUILTIN = {"td3": "common.algorithms.td3", "sac": "common.algorithms.sac"}  # short names of the built-ins
+BUILTIN = {"td3": "spreeze.common.algorithms.td3", "sac": "spreeze.common.algorithms.sac"}  # short names of the built-ins
 ALGOS = tuple(BUILTIN)  # the built-in names (every run config has their sections)
 DESCRIPTOR = "ALGORITHM"  # the name an algorithm module gives its descriptor
 

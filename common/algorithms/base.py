@@ -23,9 +23,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from common.algorithms.compiled import CompiledStep, CompileOptions
-from common.networks import twin_q
-from common.sparse import SparseTopology
+from spreeze.common.algorithms.compiled import CompiledStep, CompileOptions
+from spreeze.common.networks import twin_q
+from spreeze.common.sparse import SparseTopology
 
 Batch = dict[str, torch.Tensor]
 """obs [B,obs_dim], action [B,act_dim], reward [B], next_obs [B,obs_dim], done [B] (1.0 =

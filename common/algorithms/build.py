@@ -4,7 +4,7 @@ algorithm's `build` shares: seed streams, sparsification, the twin critics.
 Seeds: network init and each part's noise RNG come from ``seed`` through fixed, distinct
 sub-seeds, so a fused pair and a split pair built with the same seed start identical and
 draw identical noise (split with weight exchange every update == fused, bit for bit).
-Sparse masks (``sparse``, see :mod:`common.sparse`) are drawn from ``seed`` too, and applied
+Sparse masks (``sparse``, see :mod:`spreeze.common.sparse`) are drawn from ``seed`` too, and applied
 before any target or peer copy is made, so every copy starts with the same topology.
 """
 
@@ -16,12 +16,12 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from common.algorithms import algorithm
-from common.algorithms.base import ActorPart, CriticPart, M, seeded
-from common.algorithms.lazy import resolve
-from common.networks import TwinCritic
-from common.sparse import SparseTopology, build_topology
-from common.sparse_config import SparseConfig
+from spreeze.common.algorithms import algorithm
+from spreeze.common.algorithms.base import ActorPart, CriticPart, M, seeded
+from spreeze.common.algorithms.lazy import resolve
+from spreeze.common.networks import TwinCritic
+from spreeze.common.sparse import SparseTopology, build_topology
+from spreeze.common.sparse_config import SparseConfig
 
 # Sub-seed offsets: seed * STREAMS + offset keeps every (seed, stream) pair distinct.
 STREAMS, ACTOR_INIT, CRITIC_INIT, ACTOR_RNG, CRITIC_RNG = 4, 0, 1, 2, 3

@@ -29,7 +29,7 @@ from typing import cast
 
 import torch
 
-from common.sparse import SparseTopology
+from spreeze.common.sparse import SparseTopology
 
 WARMUP_CALLS = 2  # calls of each step in the warm-up: the first compiles, the second proves no recompile
 CUDA_SIDE_CALLS = 3  # side-stream calls before a CUDA graph capture (cuBLAS handles, allocator, autotune)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from common.algorithms.base import ActorPart, CriticPart
+    from spreeze.common.algorithms.base import ActorPart, CriticPart
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ functions of (parameters, batch, noise); its eager ``update`` calls them with au
 torch's Adam, and the steps here call the same functions inside one compiled function
 (machinery: common/algorithms/compiled.py):
 
-- the twin critics run as one batched network (:func:`common.networks.twin_q`);
+- the twin critics run as one batched network (:func:`spreeze.common.networks.twin_q`);
 - gradients come from ``torch.func.grad_and_value`` and Adam is written out
   (:class:`~common.algorithms.compiled.AdamState`, torch's formula, torch's state tensors);
 - the noise (TD3's target smoothing, SAC's reparameterisation) is drawn *outside* the graph
@@ -26,9 +26,9 @@ from typing import Any, Protocol
 import torch
 from torch.func import grad_and_value
 
-from common.algorithms.base import Batch, Target, polyak, scalars, sparse_prune, twin_loss, with_sparse
-from common.algorithms.compiled import AdamState, CompiledStep, CompileOptions, Trained
-from common.sparse import SparseTopology
+from spreeze.common.algorithms.base import Batch, Target, polyak, scalars, sparse_prune, twin_loss, with_sparse
+from spreeze.common.algorithms.compiled import AdamState, CompiledStep, CompileOptions, Trained
+from spreeze.common.sparse import SparseTopology
 
 BATCH_KEYS = ("obs", "action", "reward", "next_obs", "done")
 Tensor = torch.Tensor

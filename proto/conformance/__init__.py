@@ -20,7 +20,7 @@ control endpoint (Spreeze: SPREEZE_CONTROL=ENDPOINT, or `spreeze sampler --conne
 
 from __future__ import annotations
 
-from proto.conformance.report import Report
+from spreeze.proto.conformance.report import Report
 
 ROLES = ("replay", "sampler")
 
@@ -28,11 +28,11 @@ ROLES = ("replay", "sampler")
 def run(role: str, endpoint: str, timeout: float = 60.0, run_dir: str = "") -> Report:
     """Run the checks of `role` against the service that registers at `endpoint`."""
     if role == "replay":
-        from proto.conformance.replay import check_replay
+        from spreeze.proto.conformance.replay import check_replay
 
         return check_replay(endpoint, timeout, run_dir)
     if role == "sampler":
-        from proto.conformance.sampler import check_sampler
+        from spreeze.proto.conformance.sampler import check_sampler
 
         return check_sampler(endpoint, timeout)
     raise ValueError(f"conformance role {role!r} is not one of {', '.join(ROLES)}")

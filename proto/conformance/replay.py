@@ -19,10 +19,10 @@ import msgpack
 import numpy as np
 import zmq
 
-from proto.codec import PROTOCOL_VERSION, Encoder
-from proto.conformance.report import Abort, Report
-from proto.conformance.wire import Got, Sock, endpoints_beside
-from proto.messages import (Control, ControlReply, Error, Experience, ExperienceAck, Heartbeat, Metrics, Register,
+from spreeze.proto.codec import PROTOCOL_VERSION, Encoder
+from spreeze.proto.conformance.report import Abort, Report
+from spreeze.proto.conformance.wire import Got, Sock, endpoints_beside
+from spreeze.proto.messages import (Control, ControlReply, Error, Experience, ExperienceAck, Heartbeat, Metrics, Register,
                             SampledBatch, SampleRequest, TransitionLayout, Welcome, to_frames)
 
 HEARTBEAT = 0.2  # seconds between heartbeats the kit asks for

@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 import zmq
 
-from proto.codec import Encoder
-from proto.conformance.report import Abort, Report
-from proto.conformance.wire import Got, Sock, endpoints_beside
-from proto.messages import (Control, ControlReply, Experience, ExperienceAck, Heartbeat, Register, TransitionLayout,
+from spreeze.proto.codec import Encoder
+from spreeze.proto.conformance.report import Abort, Report
+from spreeze.proto.conformance.wire import Got, Sock, endpoints_beside
+from spreeze.proto.messages import (Control, ControlReply, Experience, ExperienceAck, Heartbeat, Register, TransitionLayout,
                             Weights, Welcome)
 
 HEARTBEAT = 0.2  # seconds between heartbeats the kit asks for

@@ -9,9 +9,9 @@ from typing import Any
 
 import zmq
 
-from proto.codec import Encoder, Envelope, decode
-from proto.errors import ProtocolError
-from proto.messages import Message, from_envelope, to_frames
+from spreeze.proto.codec import Encoder, Envelope, decode
+from spreeze.proto.errors import ProtocolError
+from spreeze.proto.messages import Message, from_envelope, to_frames
 
 TCP_PORTS = {"control": 0, "metrics_in": 1, "experience": 2, "actor_weights": 3, "sample": 4}  # PORT + offset
 

@@ -1,4 +1,4 @@
-from common.service import run_service
-from services.actor_learner.main import ActorLearner
+from spreeze.common.service import run_service
+from spreeze.services.actor_learner.main import ActorLearner
 
 run_service(ActorLearner)

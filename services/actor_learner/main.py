@@ -13,9 +13,9 @@ from typing import Any
 
 import zmq
 
-from common.config import to_dict
-from common.weights import WeightsFollower, WeightsPublisher, to_state
-from services.learner.base import LOSS_EVERY, LearnerBase
+from spreeze.common.config import to_dict
+from spreeze.common.weights import WeightsFollower, WeightsPublisher, to_state
+from spreeze.services.learner.base import LOSS_EVERY, LearnerBase
 
 WAIT_MS = 20  # poll granularity while waiting for critic weights
 

@@ -1,4 +1,4 @@
-from common.service import run_service
-from services.critic_learner.main import CriticLearner
+from spreeze.common.service import run_service
+from spreeze.services.critic_learner.main import CriticLearner
 
 run_service(CriticLearner)

@@ -11,10 +11,10 @@ from typing import Any
 
 import zmq
 
-from common.config import to_dict
-from common.weights import WeightsFollower, WeightsPublisher, to_state, weights_message
-from services.learner.base import LOSS_EVERY, LearnerBase
-from proto.messages import Weights
+from spreeze.common.config import to_dict
+from spreeze.common.weights import WeightsFollower, WeightsPublisher, to_state, weights_message
+from spreeze.services.learner.base import LOSS_EVERY, LearnerBase
+from spreeze.proto.messages import Weights
 
 WAIT_MS = 20  # poll granularity while waiting for actor weights
 

@@ -1,4 +1,4 @@
-from common.service import run_service
-from services.evaluator.main import Evaluator
+from spreeze.common.service import run_service
+from spreeze.services.evaluator.main import Evaluator
 
 run_service(Evaluator)

@@ -21,17 +21,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from common.config import to_dict
-from common.evaluation import run_episodes
-from common.envs import make_env
-from common.learner_io import atomic_save, checkpoint_dir
-from common.errors import VideoError
-from common.numpy_policy import NumpyActor
-from common.service import Service
-from common.video import EpisodeRecorder
-from common.weights import WeightsFollower, to_state
-from proto.messages import EvalResult, Event, Weights
-from proto.names import LEARNER_ROLES
+from spreeze.common.config import to_dict
+from spreeze.common.evaluation import run_episodes
+from spreeze.common.envs import make_env
+from spreeze.common.learner_io import atomic_save, checkpoint_dir
+from spreeze.common.errors import VideoError
+from spreeze.common.numpy_policy import NumpyActor
+from spreeze.common.service import Service
+from spreeze.common.video import EpisodeRecorder
+from spreeze.common.weights import WeightsFollower, to_state
+from spreeze.proto.messages import EvalResult, Event, Weights
+from spreeze.proto.names import LEARNER_ROLES
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-from common.service import run_service
-from services.learner.main import Learner
+from spreeze.common.service import run_service
+from spreeze.services.learner.main import Learner
 
 run_service(Learner)

@@ -37,16 +37,16 @@ import torch
 # silence the heartbeats long enough for the supervisor to declare the learner dead.
 import torch._dynamo  # noqa: F401
 
-from common.algorithms.base import ActorPart, CompiledUpdate, CriticPart
-from common.algorithms.build import make_parts
-from common.algorithms.compiled import CompileOptions, check_guards, compile_cache_dir, use_compile_cache
-from common.checkpoint_spec import check_made_for, made_for, write_sidecar
-from common.config import with_learner_setting
-from common.errors import ConfigError
-from common.envs import env_spec
-from common.learner_io import BatchStream, atomic_save, checkpoint_dir, device_of
-from common.service import Service, abandonable_thread
-from common.weights import WeightsPublisher, weights_message
+from spreeze.common.algorithms.base import ActorPart, CompiledUpdate, CriticPart
+from spreeze.common.algorithms.build import make_parts
+from spreeze.common.algorithms.compiled import CompileOptions, check_guards, compile_cache_dir, use_compile_cache
+from spreeze.common.checkpoint_spec import check_made_for, made_for, write_sidecar
+from spreeze.common.config import with_learner_setting
+from spreeze.common.errors import ConfigError
+from spreeze.common.envs import env_spec
+from spreeze.common.learner_io import BatchStream, atomic_save, checkpoint_dir, device_of
+from spreeze.common.service import Service, abandonable_thread
+from spreeze.common.weights import WeightsPublisher, weights_message
 
 log = logging.getLogger(__name__)
 

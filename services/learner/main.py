@@ -9,9 +9,9 @@ import math
 import time
 from typing import Any
 
-from common.algorithms.base import fused_step
-from common.config import to_dict
-from services.learner.base import LOSS_EVERY, LearnerBase
+from spreeze.common.algorithms.base import fused_step
+from spreeze.common.config import to_dict
+from spreeze.services.learner.base import LOSS_EVERY, LearnerBase
 
 
 class Learner(LearnerBase):

@@ -1,4 +1,4 @@
-from common.service import run_service
-from services.replay.main import Replay
+from spreeze.common.service import run_service
+from spreeze.services.replay.main import Replay
 
 run_service(Replay)

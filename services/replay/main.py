@@ -41,18 +41,18 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
-from common.envs import env_spec
-from common.config import RUNTIME_LEARNER_KEYS, Config, with_learner_setting
-from common.errors import ConfigError
-from common.rate_limiter import RateLimiter, RateLimiterConfig
-from common.replay_buffer import ReplayBuffer, ReplayInputError
-from common.service import Service
-from common.transport import Channel
-from proto.codec import Envelope
-from proto.errors import ProtocolError
-from proto.messages import Error, Experience, ExperienceAck, SampledBatch, SampleRequest
-from services.replay.ledger import WARMUP_LEASE, Ledger, Session
-from services.replay.snapshot import SnapshotWriter, load_latest
+from spreeze.common.envs import env_spec
+from spreeze.common.config import RUNTIME_LEARNER_KEYS, Config, with_learner_setting
+from spreeze.common.errors import ConfigError
+from spreeze.common.rate_limiter import RateLimiter, RateLimiterConfig
+from spreeze.common.replay_buffer import ReplayBuffer, ReplayInputError
+from spreeze.common.service import Service
+from spreeze.common.transport import Channel
+from spreeze.proto.codec import Envelope
+from spreeze.proto.errors import ProtocolError
+from spreeze.proto.messages import Error, Experience, ExperienceAck, SampledBatch, SampleRequest
+from spreeze.services.replay.ledger import WARMUP_LEASE, Ledger, Session
+from spreeze.services.replay.snapshot import SnapshotWriter, load_latest
 
 log = logging.getLogger(__name__)
 

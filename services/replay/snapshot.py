@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from proto.errors import SpreezeError
-from common.replay_buffer import ReplayBuffer
+from spreeze.proto.errors import SpreezeError
+from spreeze.common.replay_buffer import ReplayBuffer
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-from common.service import run_service
-from services.sampler.main import Sampler
+from spreeze.common.service import run_service
+from spreeze.services.sampler.main import Sampler
 
 run_service(Sampler)

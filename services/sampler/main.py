@@ -22,14 +22,14 @@ from typing import Any
 import numpy as np
 import zmq
 
-from common.envs import EnvBatch
-from common.errors import ConfigError
-from common.numpy_policy import NumpyActor
-from common.service import Service
-from common.transport import Channel
-from common.weights import WeightsFollower, to_state
-from proto.messages import Experience, ExperienceAck, Weights
-from services.sampler.outbox import Outbox
+from spreeze.common.envs import EnvBatch
+from spreeze.common.errors import ConfigError
+from spreeze.common.numpy_policy import NumpyActor
+from spreeze.common.service import Service
+from spreeze.common.transport import Channel
+from spreeze.common.weights import WeightsFollower, to_state
+from spreeze.proto.messages import Experience, ExperienceAck, Weights
+from spreeze.services.sampler.outbox import Outbox
 
 log = logging.getLogger(__name__)
 

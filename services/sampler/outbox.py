@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from collections import deque
 
-from proto.messages import Experience, ExperienceAck
+from spreeze.proto.messages import Experience, ExperienceAck
 
 
 class Outbox:

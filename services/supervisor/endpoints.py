@@ -13,10 +13,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from common.config import TCP_OFFSETS, TCP_PORT_ORDER, Config, tcp_host_map
-from common.errors import ConfigError
-from common.transport import ipc_endpoint, make_ipc_dir, tcp_host, tcp_port
-from proto.names import ACTOR_LEARNER, CRITIC_LEARNER, LEARNER, REPLAY, SOCKETS
+from spreeze.common.config import TCP_OFFSETS, TCP_PORT_ORDER, Config, tcp_host_map
+from spreeze.common.errors import ConfigError
+from spreeze.common.transport import ipc_endpoint, make_ipc_dir, tcp_host, tcp_port
+from spreeze.proto.names import ACTOR_LEARNER, CRITIC_LEARNER, LEARNER, REPLAY, SOCKETS
 
 SUPERVISOR = "supervisor"  # the role that binds control and the metrics proxy (it does not register)
 

@@ -13,9 +13,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from common.errors import ConfigError
-from proto.messages import Heartbeat, Register
-from proto.names import ROLES, SAMPLER
+from spreeze.common.errors import ConfigError
+from spreeze.proto.messages import Heartbeat, Register
+from spreeze.proto.names import ROLES, SAMPLER
 
 REMOTE_ROLES = (SAMPLER,)  # the tcp endpoints (config.TCP_OFFSETS) serve samplers only
 LIVE = ("running", "paused", "stopping")  # stopping: flushing before its goodbye

@@ -29,28 +29,28 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from proto.codec import Encoder
-from common.config import TCP_OFFSETS, Config, to_dict, with_learner_setting
-from common.curve_auth import CurveKeys, client_keys, server_keys, start_authenticator
-from common.errors import ConfigError
-from proto.errors import SpreezeError
-from common.health import serve_health
-from common.health_probe import ENV_HEALTH
-from common.service import ENV_KEYS
-from common.transport import Channel, bind_address
-from proto.messages import Control, ControlReply, Error, Event, Heartbeat, Register, Welcome
-from proto.names import (ACTOR_LEARNER, CRITIC_LEARNER, EVALUATOR, LEARNER, LEARNER_ROLES, REPLAY, SAMPLER,
+from spreeze.proto.codec import Encoder
+from spreeze.common.config import TCP_OFFSETS, Config, to_dict, with_learner_setting
+from spreeze.common.curve_auth import CurveKeys, client_keys, server_keys, start_authenticator
+from spreeze.common.errors import ConfigError
+from spreeze.proto.errors import SpreezeError
+from spreeze.common.health import serve_health
+from spreeze.common.health_probe import ENV_HEALTH
+from spreeze.common.service import ENV_KEYS
+from spreeze.common.transport import Channel, bind_address
+from spreeze.proto.messages import Control, ControlReply, Error, Event, Heartbeat, Register, Welcome
+from spreeze.proto.names import (ACTOR_LEARNER, CRITIC_LEARNER, EVALUATOR, LEARNER, LEARNER_ROLES, REPLAY, SAMPLER,
                          VISUALIZER)
-from services.supervisor.endpoints import run_endpoints
-from services.supervisor.externals import External, Externals
-from services.supervisor.ledger import Ledger
-from services.supervisor.probe import Choice, cpu_seconds, host_cpu
-from services.supervisor.processes import (Child, RestartPolicy, ServiceSpec, core_sets, last_log_line, roster, spawn,
+from spreeze.services.supervisor.endpoints import run_endpoints
+from spreeze.services.supervisor.externals import External, Externals
+from spreeze.services.supervisor.ledger import Ledger
+from spreeze.services.supervisor.probe import Choice, cpu_seconds, host_cpu
+from spreeze.services.supervisor.processes import (Child, RestartPolicy, ServiceSpec, core_sets, last_log_line, roster, spawn,
                                            terminate)
-from services.supervisor.progress import Progress
-from services.supervisor.samplers import SamplerPool
-from services.supervisor.tuner import Setting
-from services.supervisor.tuning import Sample, TuningLoop
+from spreeze.services.supervisor.progress import Progress
+from spreeze.services.supervisor.samplers import SamplerPool
+from spreeze.services.supervisor.tuner import Setting
+from spreeze.services.supervisor.tuning import Sample, TuningLoop
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common.config import Config, build, to_dict
-from common.envs import Task
+from spreeze.common.config import Config, build, to_dict
+from spreeze.common.envs import Task
 
 GIB = 1024 ** 3
 REPLAY_MEMORY_SHARE = 0.25  # most of the host memory the replay ring may take

@@ -11,8 +11,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common.config import Config
-from proto.names import ACTOR_LEARNER, CRITIC_LEARNER, EVALUATOR, LEARNER, REPLAY, SAMPLER, VISUALIZER
+from spreeze.common.config import Config
+from spreeze.proto.names import ACTOR_LEARNER, CRITIC_LEARNER, EVALUATOR, LEARNER, REPLAY, SAMPLER, VISUALIZER
 
 
 @dataclass
@@ -32,8 +32,8 @@ OBSERVER_NICE = 5
 
 
 def service(role: str, service_id: str = "", threads: int = 1, nice: int = 0) -> ServiceSpec:
-    """A service of `role`, run as `python -m services.<role>` (id: the role, unless given)."""
-    return ServiceSpec(service_id or role, role, f"services.{role}", threads, nice)
+    """A service of `role`, run as `python -m spreeze.services.<role>` (id: the role, unless given)."""
+    return ServiceSpec(service_id or role, role, f"spreeze.services.{role}", threads, nice)
 
 
 def roster(cfg: Config) -> list[ServiceSpec]:

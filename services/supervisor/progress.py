@@ -7,10 +7,10 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from common.compile_state import compile_state
-from common.sparse_stats import combined_flops_ratio
-from proto.messages import EvalResult, Event, Message, Metrics
-from proto.names import LEARNER_ROLES
+from spreeze.common.compile_state import compile_state
+from spreeze.common.sparse_stats import combined_flops_ratio
+from spreeze.proto.messages import EvalResult, Event, Message, Metrics
+from spreeze.proto.names import LEARNER_ROLES
 
 
 STALL_SHARE = 0.25  # no better evaluation for this share of the step budget ...

@@ -7,8 +7,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from proto.names import SAMPLER
-from services.supervisor.processes import Child, service, terminate
+from spreeze.proto.names import SAMPLER
+from spreeze.services.supervisor.processes import Child, service, terminate
 
 
 class SamplerPool:

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import yaml
 
-from common.checkpoint_spec import check_run_checkpoints
-from common.config import Config, check_budget, to_dict
-from common.devices import checked_devices
-from common.envs import env_spec, task_facts
-from common.errors import ConfigError
-from services.supervisor import probe
-from services.supervisor.main import Supervisor
+from spreeze.common.checkpoint_spec import check_run_checkpoints
+from spreeze.common.config import Config, check_budget, to_dict
+from spreeze.common.devices import checked_devices
+from spreeze.common.envs import env_spec, task_facts
+from spreeze.common.errors import ConfigError
+from spreeze.services.supervisor import probe
+from spreeze.services.supervisor.main import Supervisor
 
 RUN_STATE = ("checkpoints", "replay")  # what a started run leaves in its run directory
 

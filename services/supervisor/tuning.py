@@ -22,8 +22,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from common.config import Config
-from services.supervisor.tuner import KNOB_KEYS, Bounds, Setting, Tuner, Window
+from spreeze.common.config import Config
+from spreeze.services.supervisor.tuner import KNOB_KEYS, Bounds, Setting, Tuner, Window
 
 log = logging.getLogger(__name__)
 

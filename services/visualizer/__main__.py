@@ -1,4 +1,4 @@
-from common.service import run_service
-from services.visualizer.main import Visualizer
+from spreeze.common.service import run_service
+from spreeze.services.visualizer.main import Visualizer
 
 run_service(Visualizer)

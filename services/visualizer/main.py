@@ -19,13 +19,13 @@ from typing import Any
 
 from aiohttp import web
 
-from common.compile_state import compile_state
-from common.errors import ConfigError, TransportTimeout
-from common.metric_series import MetricSeries, message_row
-from common.service import Service
-from proto.messages import Event, Message
-from services.visualizer.health import health_rows
-from services.visualizer.web import make_app
+from spreeze.common.compile_state import compile_state
+from spreeze.common.errors import ConfigError, TransportTimeout
+from spreeze.common.metric_series import MetricSeries, message_row
+from spreeze.common.service import Service
+from spreeze.proto.messages import Event, Message
+from spreeze.services.visualizer.health import health_rows
+from spreeze.services.visualizer.web import make_app
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ class Visualizer(Service):
         self.start_unix = self.load_history()
         self.tensorboard = None
         if self.cfg.visualizer.tensorboard:
-            from services.visualizer.tensorboard import TensorBoardWriter
+            from spreeze.services.visualizer.tensorboard import TensorBoardWriter
 
             self.tensorboard = TensorBoardWriter(self.run_dir / "tensorboard", self.series)
             self.series.listeners.append(self.tensorboard.scalar)

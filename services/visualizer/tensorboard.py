@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from common.metric_series import MetricSeries
+from spreeze.common.metric_series import MetricSeries
 
 FLUSH_SECS = 5  # TensorBoard shows a live run with at most this delay
 

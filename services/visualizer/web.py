@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from common.metric_series import MetricSeries
+from spreeze.common.metric_series import MetricSeries
 
 STATIC = Path(__file__).parent / "static"
 VIDEO_NAME = re.compile(r"^[\w.-]+\.mp4$")

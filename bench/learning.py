@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from spreeze.bench.runs import THRESHOLDS, first_reaching, median_reached, run_seed, settings_key
+from spreeze.bench.runs import ALGO_HELP, THRESHOLDS, algo_arg, first_reaching, median_reached, run_seed, settings_key
 
 
 def summarize(result: dict[str, Any], threshold: float) -> dict[str, Any]:
@@ -51,7 +51,7 @@ def runs_dir(args: argparse.Namespace) -> Path:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="spreeze bench learning", description=__doc__)
     p.add_argument("--env", default="HalfCheetah-v5", help="gymnasium environment id (default HalfCheetah-v5)")
-    p.add_argument("--algo", default="td3", choices=("td3", "sac"), help="algorithm (default td3)")
+    p.add_argument("--algo", default="td3", type=algo_arg, help=f"algorithm: {ALGO_HELP} (default td3)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="one run per seed (default 0 1 2)")
     p.add_argument("--total-steps", type=int, default=100_000, help="env steps of each run (default 100000)")
     p.add_argument("--threshold", type=float, help="return counted as learned (default: the task's, "

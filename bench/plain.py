@@ -4,6 +4,8 @@ Written the way a single-file implementation (CleanRL's) writes them, on the net
 ``make_parts`` builds: module calls, ``F.mse_loss`` per critic, ``torch.optim.Adam`` with
 its defaults, one ``backward()`` per loss, a Polyak ``lerp_`` per tensor. It shares no
 update code with Spreeze, so it stays a fixed reference while Spreeze's steps change.
+Another registered algorithm has no textbook loop here: its plain side is its own eager
+update (`plain_loop` says which).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from spreeze.common.algorithms import algorithm
 
 Batch = dict[str, torch.Tensor]
 Update = Callable[[Batch, bool], float | None]
@@ -29,7 +33,7 @@ def td3(actor_part: Any, critic_part: Any) -> Update:
     cfg = critic_part.cfg
     actor, actor_t = actor_part.actor, actor_part.actor_target
     critic, critic_t = critic_part.critic, critic_part.critic_target
-    scale, low, high = critic_part._scale, critic_part._low, critic_part._high
+    scale, low, high = critic_part.scale, critic_part.low, critic_part.high
     q_opt = torch.optim.Adam(critic.parameters(), lr=cfg.critic_lr)
     a_opt = torch.optim.Adam(actor.parameters(), lr=cfg.actor_lr)
     count = [0]
@@ -96,3 +100,9 @@ def sac(actor_part: Any, critic_part: Any) -> Update:
 
 
 LOOPS: dict[str, Callable[[Any, Any], Update]] = {"td3": td3, "sac": sac}
+
+
+def plain_loop(algo: str) -> Callable[[Any, Any], Update] | None:
+    """The textbook loop of ``algo`` (a name or module path); None: it has none (TD3 and SAC do)."""
+    return LOOPS.get(algorithm(algo).name)
+

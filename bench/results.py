@@ -49,9 +49,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from spreeze.bench.runs import (THRESHOLDS, Terminated, first_reaching, median_reached, read_metrics, run_seed,
-                        settings_key)
-from spreeze.common.algorithms import ALGOS
+from spreeze.bench.runs import (ALGO_HELP, THRESHOLDS, Terminated, algo_arg, first_reaching, median_reached,
+                                read_metrics, run_seed, settings_key)
 from spreeze.common.sparse_config import NETWORKS
 from spreeze.common.sparse_stats import combined_flops_ratio, overall_sparsity
 from spreeze.proto.names import LEARNER_ROLES
@@ -384,7 +383,7 @@ def parser() -> argparse.ArgumentParser:
                                 epilog="key=value words anywhere are config overrides, e.g. "
                                        "td3.hidden=[256,256] sparse.sparsity=0.5")
     p.add_argument("--env", default="HalfCheetah-v5", help="gymnasium environment id (default HalfCheetah-v5)")
-    p.add_argument("--algos", nargs="+", choices=ALGOS, default=["td3"], help="algorithms (default td3)")
+    p.add_argument("--algos", nargs="+", type=algo_arg, default=["td3"], help=f"algorithms: {ALGO_HELP} (default td3)")
     p.add_argument("--modes", nargs="+", choices=NETWORKS, default=list(NETWORKS),
                    help=f"network modes, one row each (default {' '.join(NETWORKS)})")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds of every row (default 0 1 2)")

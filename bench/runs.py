@@ -6,6 +6,7 @@ readers here return only the newest run's records (from its last ``start`` recor
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import signal
@@ -15,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from spreeze.common.algorithms import algorithm, registered
 
 STOP_TIMEOUT_S = 60.0  # a terminated run's supervisor stops its services within this, or it is killed
 
@@ -124,3 +127,15 @@ def median_reached(values: list[float | None]) -> float | None:
         return None
     m = statistics.median(v if v is not None else float("inf") for v in values)
     return None if m == float("inf") else m
+
+
+def algo_arg(text: str) -> str:
+    """An ``--algo`` value: a registered algorithm's name or a module path defining ALGORITHM."""
+    try:
+        algorithm(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+ALGO_HELP = f"{' | '.join(registered())} | a module path defining ALGORITHM"

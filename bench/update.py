@@ -46,8 +46,9 @@ from typing import Any
 import torch
 
 from spreeze.bench.system import STARTUP_S, add_output_args, measure, rate
-from spreeze.bench.plain import LOOPS
-from spreeze.common.algorithms import ALGOS
+from spreeze.bench.plain import plain_loop
+from spreeze.bench.runs import ALGO_HELP, algo_arg
+from spreeze.common.algorithms import ALGOS, algorithm
 from spreeze.common.algorithms.base import fused_step
 from spreeze.common.algorithms.build import make_parts
 from spreeze.common.algorithms.compiled import CACHE_ENV, CompileOptions, check_guards, use_compile_cache
@@ -76,7 +77,7 @@ def bench_config(algo: str, batch: int, hidden: tuple[int, ...], threads: int, d
     return load_config(None, [*overrides,
         f"env={ENV}", f"algo={algo}", f"seed={seed}", f"run_dir={run_dir}", f"total_steps={HUGE}",
         f"time_limit={seconds + 2 * STARTUP_S}",  # safety net only: bench.system stops the run
-        f"{algo}.hidden=[{hid}]", "learner.mode=fused", f"learner.batch_size={batch}",
+        f"{algorithm(algo).name}.hidden=[{hid}]", "learner.mode=fused", f"learner.batch_size={batch}",
         f"learner.threads={threads}", f"learner.actor_device={device}", f"learner.critic_device={device}",
         "replay.update_to_data=0", f"replay.capacity={fill}", f"replay.min_size={fill}",
         "replay.snapshot_every_s=0",  # measures the learner, not writing the filled ring to disk
@@ -128,18 +129,19 @@ def inproc_rate(cfg: Config, seconds: float, side: str) -> dict[str, float]:
             layout.columns(m)["done"][:] = 0.0
             batches.append(layout.columns(m.to(device)))
         out: dict[str, float] = {}
-        if side == "plain":
-            plain = LOOPS[cfg.algo](actor, critic)
+        loop = plain_loop(cfg.algo)
+        if side == "plain" and loop is not None:
+            plain = loop(actor, critic)
 
             def step(b: dict[str, torch.Tensor], want: bool) -> None:
                 plain(b, want)
-        else:
+        else:  # compiled, eager, and the plain side of an algorithm without a textbook loop (its eager update)
             if side == "compiled":
                 torch._dynamo.reset()  # this process builds many parts: keep one cache entry each
                 options = CompileOptions(True, cfg.learner.cuda_graphs)
                 actor.compile(options)
                 critic.compile(options)
-                out["compile_s"] = critic.fast.warm_up(batches[0]) + actor.fast.warm_up(batches[0])
+                out["compile_s"] = sum(p.fast.warm_up(batches[0]) for p in (critic, actor) if p.fast is not None)
                 check_guards(False)  # as the learner does once its steps are compiled
 
             def step(b: dict[str, torch.Tensor], want: bool) -> None:
@@ -173,8 +175,9 @@ def compile_probe(algo: str, hidden: tuple[int, ...], batch: int, threads: int, 
     actor.compile(options)
     critic.compile(options)
     dummy = layout.columns(torch.rand((batch, layout.width), device=device_of(device)))
-    critic.fast.warm_up(dummy)
-    actor.fast.warm_up(dummy)
+    for part in (critic, actor):
+        if part.fast is not None:
+            part.fast.warm_up(dummy)
     print(json.dumps({"compile_s": time.perf_counter() - t0}))
 
 
@@ -277,7 +280,8 @@ def table(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="spreeze bench update", description=__doc__.splitlines()[0])
-    p.add_argument("--algo", nargs="+", choices=ALGOS, default=list(ALGOS), help="algorithms (default all)")
+    p.add_argument("--algo", nargs="+", type=algo_arg, default=list(ALGOS),
+                   help=f"algorithms: {ALGO_HELP} (default td3 sac)")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[256, 1024, 4096, 8192],
                    help="learner batch sizes, one measurement each")
     p.add_argument("--hidden", type=int, nargs="+", default=[256, 256], help="hidden sizes, actor and critics")

@@ -26,7 +26,8 @@ def train_arguments(p: argparse.ArgumentParser) -> None:
                    help="a YAML config file (the repository's configs/ has examples); flags and key=value "
                         "overrides apply on top")
     p.add_argument("--env", help="gymnasium environment id (config key env)")
-    p.add_argument("--algo", choices=ALGOS, help="algorithm (config key algo)")
+    p.add_argument("--algo", metavar="ALGO",
+                   help=f"algorithm: {' | '.join(ALGOS)} | a module path defining ALGORITHM (config key algo)")
     p.add_argument("--network", choices=NETWORKS,
                    help="dense, static sparse or dynamic sparse (ds) networks (config key sparse.network)")
     p.add_argument("--seed", type=int, help="base seed (config key seed)")

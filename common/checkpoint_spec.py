@@ -14,14 +14,20 @@ import json
 from pathlib import Path
 from typing import Any
 
+from spreeze.common.algorithms import algorithm
 from spreeze.common.config import Config, to_dict
 from spreeze.common.errors import ConfigError
 
 
 def made_for(config: dict[str, Any]) -> dict[str, Any]:
-    """The shape-fixing part of a config (as `to_dict` gives it)."""
+    """The shape-fixing part of a config (as `to_dict` gives it): its algorithm's section is
+    the one named after the algorithm (``algo`` may be a module path)."""
     algo = config.get("algo")
-    return {"env": config.get("env"), "algo": algo, str(algo): config.get(str(algo)),
+    try:
+        section = algorithm(str(algo)).name
+    except ValueError:  # an algorithm this process cannot import: its `algo` differs anyway
+        section = str(algo)
+    return {"env": config.get("env"), "algo": algo, section: config.get(section),
             "sparse": config.get("sparse")}
 
 

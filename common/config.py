@@ -2,6 +2,10 @@
 
 Every field has a one-line doc (the comment after it), which `spreeze train --help`
 prints. `load_config` validates everything at start and names the bad key and value.
+
+Each algorithm's hyperparameters are a section named after it (``td3:``, ``sac:``), held in
+`Config.algorithms` rather than a field each: the built-ins' sections are always there, and
+the run's algorithm's (a module path, see common/algorithms/__init__.py) joins them.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from spreeze.common.algorithms import ALGOS, Algorithm, SACConfig, TD3Config, algorithm
+from spreeze.common.algorithms import ALGOS, Algorithm, algorithm
 from spreeze.common.errors import ConfigError
 from spreeze.common.sparse_config import SparseConfig
 from spreeze.common.transport import ROLES, tcp_port
@@ -29,6 +33,7 @@ TCP_PORT_ORDER = ("control", "metrics_in", "experience", "actor_weights",
                   "metrics_out", "sample", "actor_sync", "critic_sync")
 TCP_OFFSETS = {name: i for i, name in enumerate(TCP_PORT_ORDER[:4])}
 TRANSPORTS = ("ipc", "tcp")
+SECTIONS = "algorithm_sections"  # metadata flag of Config.algorithms: its entries are top-level sections
 FLOAT_LITERAL = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")  # 3e-4, 1.5, .5, 2E3
 MAX_PREFETCH = min(r.hwm for r in ROLES["sample"])  # replies beyond the sample sockets' HWM would stall replay
 MAX_ACK_WINDOW = min(r.hwm for r in ROLES["experience"]) // 2  # a window plus its re-sent copy always fit the HWM
@@ -208,7 +213,7 @@ def tcp_host_map(text: str) -> dict[str, str]:
 @dataclass(frozen=True)
 class Config:
     env: str = "HalfCheetah-v5"  # gymnasium environment id (continuous actions)
-    algo: str = "td3"  # td3 | sac
+    algo: str = "td3"  # td3 | sac | a module path whose module defines ALGORITHM (its section: ALGORITHM.name)
     seed: int = 0  # base seed; each service derives its own
     total_steps: int = 100_000  # env steps budget; the run stops when replay has seen this many
     time_limit: float = 0.0  # wall-clock budget in seconds (0 = none)
@@ -216,21 +221,23 @@ class Config:
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
-    td3: TD3Config = field(default_factory=TD3Config)
-    sac: SACConfig = field(default_factory=SACConfig)
+    algorithms: dict[str, Any] = field(default_factory=lambda: algorithm_sections("td3", {}),
+                                       metadata={SECTIONS: True})  # each algorithm's section, by its name
     sparse: SparseConfig = field(default_factory=SparseConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     visualizer: VisualizerConfig = field(default_factory=VisualizerConfig)
     supervisor: SupervisorConfig = field(default_factory=SupervisorConfig)
 
     def validate(self) -> None:
-        _choice(self, "algo", ALGOS)
+        spec = _algorithm(self.algo)
+        if not isinstance(self.algorithms.get(spec.name), spec.config):
+            raise ConfigError(f"{spec.name}: the section of algo={self.algo!r} must be a {spec.config.__name__}")
         _positive(self, "total_steps")
         _non_negative(self, "time_limit", "seed")
         if not self.env:
             raise ConfigError("env='' must name a gymnasium environment id")
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
+        sections = [getattr(self, f.name) for f in dataclasses.fields(self)] + list(self.algorithms.values())
+        for value in sections:
             if dataclasses.is_dataclass(value):
                 try:
                     value.validate()  # type: ignore[union-attr]  # every config section has validate()
@@ -256,17 +263,41 @@ class Config:
     @property
     def algorithm(self) -> Algorithm:
         """The descriptor of the run's algorithm."""
-        return algorithm(self.algo)
+        return _algorithm(self.algo)
 
     @property
     def algo_config(self) -> Any:
         """The run's algorithm's hyperparameters: the config section named after it."""
-        return getattr(self, self.algo)
+        return self.algorithms[self.algorithm.name]
+
+    def section(self, name: str) -> Any:
+        """The hyperparameters of algorithm ``name`` (td3, sac, ...); ConfigError naming it if absent."""
+        try:
+            return self.algorithms[name]
+        except KeyError:
+            raise ConfigError(f"this config has no algorithm section {name!r} "
+                              f"(it has {', '.join(self.algorithms)})") from None
 
     @property
     def total_updates(self) -> int:
         """The run's budget in (critic) gradient updates; 0 when not rate limited (unknown)."""
         return int(self.total_steps * self.replay.update_to_data)
+
+
+def _algorithm(spec: str) -> Algorithm:
+    """`algorithm` with its ValueError as the ConfigError a bad config raises."""
+    try:
+        return algorithm(spec)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def algorithm_sections(algo: str, data: dict[str, Any]) -> dict[str, Any]:
+    """The sections of every built-in algorithm and of ``algo``: built from ``data``'s entry of
+    each name where it has one, else the defaults."""
+    specs = {spec.name: spec for spec in (_algorithm(a) for a in (*ALGOS, algo))}
+    return {name: build(spec.config, data[name], f"{name}.") if name in data else spec.config()
+            for name, spec in specs.items()}
 
 
 def check_budget(cfg: Config) -> None:
@@ -335,11 +366,21 @@ def build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
     if not isinstance(data, dict):
         raise ConfigError(f"{prefix.rstrip('.') or 'config'} must be a mapping, got {data!r:.60}")
     hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
+    fields = dataclasses.fields(cls)
+    names = {f.name for f in fields if not f.metadata.get(SECTIONS)}
+    kwargs: dict[str, Any] = {}
+    for f in fields:
+        if f.metadata.get(SECTIONS):
+            algo = data.get("algo", Config.algo)
+            if not isinstance(algo, str):
+                raise ConfigError(f"algo={algo!r} must be of type str")
+            kwargs[f.name] = sections = algorithm_sections(algo, data)
+            names |= set(sections)
     unknown = sorted(set(data) - names)
     if unknown:
         raise ConfigError(f"unknown config key {prefix}{unknown[0]} (known: {', '.join(sorted(names))})")
-    kwargs = {name: _coerce(hints[name], value, f"{prefix}{name}") for name, value in data.items()}
+    kwargs.update({name: _coerce(hints[name], value, f"{prefix}{name}") for name, value in data.items()
+                   if name in hints})
     return cls(**kwargs)
 
 
@@ -375,6 +416,9 @@ def to_dict(cfg: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for f in dataclasses.fields(cfg):
         value = getattr(cfg, f.name)
+        if f.metadata.get(SECTIONS):
+            out.update({name: to_dict(section) for name, section in value.items()})
+            continue
         out[f.name] = to_dict(value) if dataclasses.is_dataclass(value) else (
             list(value) if isinstance(value, tuple) else value)
     return out
@@ -459,7 +503,10 @@ def field_docs(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str
     rows = []
     for f in dataclasses.fields(cls):
         hint = typing.get_type_hints(cls)[f.name]
-        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        if f.metadata.get(SECTIONS):
+            for name, section in f.default_factory().items():  # type: ignore[misc,operator]
+                rows += field_docs(type(section), f"{prefix}{name}.")
+        elif isinstance(hint, type) and dataclasses.is_dataclass(hint):
             rows += field_docs(hint, f"{prefix}{f.name}.")
         else:
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc,operator]

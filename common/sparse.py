@@ -1,9 +1,11 @@
 """Dynamic sparse training of the actor and critics (DS-TD3 / DS-SAC, Sokar et al. 2022).
 
-A :class:`SparseTopology` owns the masks of one *trained* network's hidden layers (every
-``nn.Linear`` followed by a ReLU in an ``nn.Sequential``, i.e. the hidden layers
-:func:`spreeze.common.networks.mlp` builds, the first one included; output layers and all biases
-stay dense). The algorithm part that trains the network holds it and calls:
+A :class:`SparseTopology` owns the masks of one *trained* network's hidden layers, found by
+module type: every ``nn.Linear`` of an ``nn.Sequential`` that something follows in it (an
+activation, a normalisation, another Linear: whatever sits between), i.e. the hidden layers
+:func:`spreeze.common.networks.mlp` builds, the first one included. A Linear that ends its
+Sequential or stands alone (an output layer, SAC's head) and all biases stay dense. The
+algorithm part that trains the network holds it and calls:
 
 - :meth:`SparseTopology.step` right after ``opt.step()``: re-zero masked weights, then every
   ``every`` updates of that part adapt the topology (drop + regrow);
@@ -83,15 +85,15 @@ def forward_flops(module: nn.Module, nnz: Mapping[str, int]) -> tuple[int, int]:
 
 
 def hidden_layers(module: nn.Module) -> list[tuple[str, nn.Linear, int]]:
-    """(name, layer, depth) of each Linear directly followed by a ReLU in an ``nn.Sequential``;
-    depth counts the hidden layers of that Sequential from 0."""
+    """(name, layer, depth) of each Linear that some module follows in its ``nn.Sequential``
+    (whatever that module is); depth counts the hidden layers of that Sequential from 0."""
     found = []
     for seq_name, seq in module.named_modules():
         if not isinstance(seq, nn.Sequential):
             continue
         kids, depth = list(seq.named_children()), 0
-        for (name, layer), (_, after) in pairwise(kids):
-            if isinstance(layer, nn.Linear) and isinstance(after, nn.ReLU):
+        for (name, layer), _ in pairwise(kids):
+            if isinstance(layer, nn.Linear):
                 found.append((f"{seq_name}.{name}" if seq_name else name, layer, depth))
                 depth += 1
     return found

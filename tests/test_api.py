@@ -22,7 +22,7 @@ def test_train_load_predict_matches_spreeze_eval(tmp_path: Path) -> None:
     run = spreeze.train(env="Pendulum-v1", algo="td3", total_steps=2_500, run_dir=tmp_path / "p", config=SHORT,
                         overrides=["td3.hidden=[32, 32]"], seed=3)
     assert run.returncode == 0 and not run.running
-    assert run.config.td3.hidden == (32, 32) and run.config.seed == 3 and run.config.replay.min_size == 500
+    assert run.config.section("td3").hidden == (32, 32) and run.config.seed == 3 and run.config.replay.min_size == 500
     assert "budget of 2,500 env steps reached" in (run.run_dir / "console.log").read_text()
     policy = spreeze.load(run.run_dir)
     assert (policy.obs_dim, policy.act_dim) == (3, 1)

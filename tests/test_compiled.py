@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from spreeze.common.algorithms import SACConfig, TD3Config
+from spreeze.common.algorithms import ALGOS, algorithm
+from spreeze.common.algorithms.sac import SACConfig
+from spreeze.common.algorithms.td3 import TD3Config
 from spreeze.common.algorithms.base import fused_step
 from spreeze.common.algorithms.build import make_parts
 from spreeze.common.sparse_config import SparseConfig
@@ -54,7 +56,8 @@ def _fresh_dynamo() -> None:
 
 
 def _cfg(algo: str) -> TD3Config | SACConfig:
-    return TD3Config(hidden=(16, 16)) if algo == "td3" else SACConfig(hidden=(16, 16))
+    cfg: TD3Config | SACConfig = algorithm(algo).config(hidden=(16, 16))
+    return cfg
 
 
 CUDA = pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))
@@ -140,7 +143,7 @@ def test_warm_up_compiles_without_changing_state() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("algo", ["td3", "sac"])
+@pytest.mark.parametrize("algo", ALGOS)  # every built-in: its compiled step comes from its own update functions
 def test_compiled_split_equals_compiled_fused(algo: str) -> None:
     fused = _parts(algo, compiled=True)
     actor, critic = _parts(algo, shared=False, compiled=True)

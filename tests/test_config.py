@@ -27,7 +27,7 @@ def test_yaml_file_and_overrides_merge(tmp_path: Path) -> None:
     assert cfg.env == "Pendulum-v1" and cfg.seed == 3
     assert (cfg.replay.capacity, cfg.replay.min_size) == (5000, 200)  # the override wins, per key
     assert cfg.replay.tolerance == Config().replay.tolerance  # untouched keys keep defaults
-    assert cfg.learner.batch_size == 64 and cfg.td3.hidden == (64, 64)
+    assert cfg.learner.batch_size == 64 and cfg.section("td3").hidden == (64, 64)
 
 
 def test_type_coercion(tmp_path: Path) -> None:
@@ -35,10 +35,11 @@ def test_type_coercion(tmp_path: Path) -> None:
     assert cfg.replay.tolerance == 1.0 and type(cfg.replay.tolerance) is float
     assert type(cfg.time_limit) is float
     lrs = load_config(None, ["td3.actor_lr=3e-4", "sac.critic_lr=2E-3", "td3.critic_lr=.5"])
-    assert (lrs.td3.actor_lr, lrs.sac.critic_lr, lrs.td3.critic_lr) == (3e-4, 2e-3, 0.5)  # YAML reads 3e-4 as text
+    td3, sac = lrs.section("td3"), lrs.section("sac")
+    assert (td3.actor_lr, sac.critic_lr, td3.critic_lr) == (3e-4, 2e-3, 0.5)  # YAML reads 3e-4 as text
     path = tmp_path / "lr.yaml"
     path.write_text("td3:\n  actor_lr: 3e-4\n")
-    assert load_config(path, []).td3.actor_lr == 3e-4
+    assert load_config(path, []).section("td3").actor_lr == 3e-4
     for override, named in [("learner.batch_size=big", "learner.batch_size='big'"),
                             ("td3.actor_lr=3e-4x", "td3.actor_lr='3e-4x'"),
                             ("td3.actor_lr=inf", "td3.actor_lr='inf'"),
@@ -52,8 +53,8 @@ def test_type_coercion(tmp_path: Path) -> None:
 
 
 def test_tuple_fields() -> None:
-    assert load_config(None, ["td3.hidden=[64,64]"]).td3.hidden == (64, 64)
-    assert load_config(None, ["sac.hidden=[8]"]).sac.hidden == (8,)
+    assert load_config(None, ["td3.hidden=[64,64]"]).section("td3").hidden == (64, 64)
+    assert load_config(None, ["sac.hidden=[8]"]).section("sac").hidden == (8,)
     with pytest.raises(ConfigError, match="td3.hidden=.*list of integers"):
         load_config(None, ["td3.hidden=[64,x]"])
     with pytest.raises(ConfigError, match="td3.hidden"):

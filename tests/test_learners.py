@@ -236,9 +236,9 @@ def test_a_restarted_critic_learner_continues_from_its_checkpoint(tmp_path: Path
             h.start(again.serve())
             await until(lambda: again.ready, what="critic restored")
             assert again.critic.updates == 5  # then it waits at max_lag for a newer actor
-            for name, value in again.critic.save()["critic"].items():
-                torch.testing.assert_close(value, saved["critic"][name])
-            assert again.critic.save()["opt"]["state"].keys() == saved["opt"]["state"].keys()
+            for name, value in again.critic.save()["states"]["critic"].items():
+                torch.testing.assert_close(value, saved["states"]["critic"][name])
+            assert again.critic.save()["states"]["opt"]["state"].keys() == saved["states"]["opt"]["state"].keys()
             ckpt = torch.load(checkpoint_dir(str(tmp_path)) / "critic_learner.pt", weights_only=False)
             assert ckpt["versions"] == {"critic": 5, "actor_seen": 0} and "torch_rng" in ckpt
     run(body())

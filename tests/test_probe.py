@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from spreeze.common.algorithms import SACConfig, TD3Config
+from spreeze.common.algorithms.sac import SACConfig
+from spreeze.common.algorithms.td3 import TD3Config
 from spreeze.common.config import given_keys
 from spreeze.common.envs import task_facts
 from spreeze.common.errors import ConfigError
@@ -131,7 +132,7 @@ def test_nvidia_smi_lines() -> None:
 def test_network_size_follows_early_termination(tmp_path: Path, algo: str, env: str, hidden: list[int]) -> None:
     task = task_facts(env)
     cfg = config(tmp_path, f"algo={algo}", f"env={env}")
-    default = dataclasses.replace(cfg, td3=TD3Config(), sac=SACConfig())  # the shipped defaults, not the tests'
+    default = dataclasses.replace(cfg, algorithms={"td3": TD3Config(), "sac": SACConfig()})  # shipped defaults
     choices = plan(Hardware(2, 8.0), default, frozenset(), ROW, task)
     (choice,) = [c for c in choices if c.key == f"{algo}.hidden"]
     assert choice.value == hidden and env in choice.reason

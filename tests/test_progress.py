@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from spreeze.common.algorithms import TD3Config
+from spreeze.common.algorithms.td3 import TD3Config
 from spreeze.common.algorithms.build import make_parts
 from spreeze.common.sparse_config import SparseConfig
 from spreeze.common.sparse_stats import combined_flops_ratio

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from spreeze.common.algorithms import SACConfig
+from spreeze.common.algorithms.sac import SACConfig
 from spreeze.common.algorithms.base import fused_step
 from spreeze.common.algorithms.build import make_parts
 from spreeze.common.algorithms.sac import SACActorPart, SACCriticPart

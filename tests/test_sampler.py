@@ -97,7 +97,7 @@ def test_collect_acts_with_the_actor_after_take_weights(tmp_path: Path) -> None:
                 np.testing.assert_allclose(actions[t], ref.act(obs[t], rng, explore=True), rtol=1e-6)
                 assert not np.allclose(actions[t], s.envs.random_actions(random_like))
                 noise = np.abs(actions[t] - ref.mean_action(obs[t]))
-                assert (noise <= 5 * h.cfg.td3.exploration_noise * 2.0).all()  # 5 std of 0.1 x half range 2
+                assert (noise <= 5 * h.cfg.section("td3").exploration_noise * 2.0).all()  # 5 std of 0.1 x half range 2
             s.take_weights(actor_weights(h, version=9))  # a second message loads in place
             assert s.actor_version == 9 and s.collect().actor_version == 9
     run(body())

@@ -12,7 +12,8 @@ import pytest
 import torch
 from torch import nn
 
-from spreeze.common.algorithms import SACConfig, TD3Config
+from spreeze.common.algorithms.sac import SACConfig
+from spreeze.common.algorithms.td3 import TD3Config
 from spreeze.common.algorithms.base import fused_step
 from spreeze.common.algorithms.build import make_parts
 from spreeze.common.algorithms.base import ActorPart, CriticPart
@@ -138,6 +139,19 @@ def test_hidden_layers_are_sparse_and_outputs_dense() -> None:
     assert [n for n, _, _ in hidden_layers(a.actor)] == ["trunk.0", "trunk.2"]  # head stays dense
     assert [n for n, _, _ in hidden_layers(c.critic)] == ["qf1.0", "qf1.2", "qf2.0", "qf2.2"]
     assert all(b.count_nonzero() == b.numel() for n, b in c.critic.named_parameters() if "bias" in n)
+
+
+def test_hidden_layers_are_found_by_module_type_whatever_sits_between() -> None:
+    """A normalised residual-style trunk (Linear, LayerNorm, ReLU; Linear, Linear) gets its
+    hidden Linear layers masked like an MLP's; the Linear that ends the Sequential stays dense."""
+    net = torch.nn.Sequential(torch.nn.Linear(OBS, 16), torch.nn.LayerNorm(16), torch.nn.ReLU(),
+                              torch.nn.Linear(16, 16), torch.nn.Linear(16, 16), torch.nn.Tanh(),
+                              torch.nn.Linear(16, ACT))
+    assert [(n, d) for n, _, d in hidden_layers(net)] == [("0", 0), ("3", 1), ("4", 2)]
+    topology = SparseTopology(net, replace(DS, sparsity=0.5), 0, "critic")
+    assert topology.names == ["0.weight", "3.weight", "4.weight"]
+    assert all(w.count_nonzero() < w.numel() for w in topology.weights[1:])  # (the narrow first may stay dense)
+    assert net[6].weight.count_nonzero() == net[6].weight.numel()  # the output layer stays dense
 
 
 def test_dense_network_builds_no_topology() -> None:

@@ -341,10 +341,11 @@ def test_a_hub_tunes_what_its_set_commands_reach_and_never_the_samplers(tmp_path
     """Under compose the hub starts no process: it tunes envs per sampler and batches per
     request (by `set` commands to the containers) but never the number of samplers."""
     from spreeze.services.supervisor.tuner import Window
+    from spreeze.services.supervisor.tuning import TuningLoop
 
     hub = Supervisor(config(tmp_path, "supervisor.mode=hub"))
-    assert hub.tuning is not None and not hub.children
-    tuner = hub.tuning.tuner
+    assert hub.tunable and not hub.children
+    tuner = TuningLoop(hub, hub.cfg, hub.pinned).tuner  # as run() makes it
     assert "samplers" in tuner.pinned and {"envs", "bpr"}.isdisjoint(tuner.pinned)
     sampling_bound = Window(frame_rate=1000.0, sampling_hz=500.0, update_to_data=1.0, insert_stall=0.0,
                             sample_stall=0.9, idle_cores=4.0)
@@ -352,4 +353,4 @@ def test_a_hub_tunes_what_its_set_commands_reach_and_never_the_samplers(tmp_path
     assert moves and not [m for m in moves if m.startswith("samplers")], moves
     (tmp_path / "local").mkdir()
     local = Supervisor(config(tmp_path / "local"))  # the same window where it starts the samplers itself
-    assert local.tuning is not None and "samplers+" in local.tuning.tuner.candidates(sampling_bound)
+    assert local.tunable and "samplers+" in TuningLoop(local, local.cfg, local.pinned).tuner.candidates(sampling_bound)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from spreeze.common.algorithms import TD3Config
+from spreeze.common.algorithms.td3 import TD3Config
 from spreeze.common.algorithms.base import fused_step
 from spreeze.common.algorithms.build import make_parts
 from spreeze.common.algorithms.td3 import TD3ActorPart, TD3CriticPart
@@ -200,8 +200,8 @@ def test_save_load_round_trip_restores_optimizer_and_rng(shared: bool) -> None:
 def test_save_is_a_snapshot_and_metrics_optional() -> None:
     actor, critic = parts()
     snap = critic.save()
-    w = snap["critic"]["qf1.0.weight"].clone()
+    w = snap["states"]["critic"]["qf1.0.weight"].clone()
     assert critic.update(make_batches(1)[0], want_metrics=False) == {}
-    assert torch.equal(snap["critic"]["qf1.0.weight"], w)
+    assert torch.equal(snap["states"]["critic"]["qf1.0.weight"], w)
     assert not torch.equal(critic.critic.qf1[0].weight, w)
     assert set(critic.update(make_batches(1)[0])) == {"critic_loss", "q_mean"}

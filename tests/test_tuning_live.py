@@ -53,7 +53,7 @@ def test_running_training_takes_tuning_actions(tmp_path: Path, monkeypatch: pyte
     cfg = config(run_dir, *OVERRIDES)
     choices = plan(probe(), cfg, given_keys(None, OVERRIDES), 4 * 11)
     sup = Supervisor(cfg, quiet=True, pinned=given_keys(None, OVERRIDES), plan=choices)
-    assert sup.tuning is None and sup.plan  # tuning off: the plan is published, the actuators driven here
+    assert not sup.tunable and sup.plan  # tuning off: the plan is published, the actuators driven here
     seen: dict[str, Any] = {}
 
     async def body() -> int:

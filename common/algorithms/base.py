@@ -4,6 +4,12 @@ An algorithm is two parts: the :class:`ActorPart` (actor-learner) and the
 :class:`CriticPart` (critic-learner). They exchange weights as :data:`State` dicts. Built
 with ``shared=True`` they hold the same module objects, and :func:`fused_step` then is
 exactly the standard single-process algorithm (the correctness reference).
+
+A part trains its own networks in train mode and keeps the copies it only reads (targets,
+the peer's networks) in eval mode, so a normalisation layer behaves as the algorithm means
+it to. A part checkpoints what it names (`Named`): `save_named` and `load_named` write and
+read exactly those entries, and a checkpoint of another algorithm or shape is refused with
+one `CheckpointMismatch` that names what differs.
 """
 
 from __future__ import annotations
@@ -11,12 +17,14 @@ from __future__ import annotations
 import copy
 import warnings
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 import torch
 from torch import nn
 
+from spreeze.common.algorithms.compiled import CompiledStep, CompileOptions
+from spreeze.common.networks import twin_q
 from spreeze.common.sparse import SparseTopology
 
 Batch = dict[str, torch.Tensor]
@@ -28,16 +36,30 @@ State = dict[str, np.ndarray]
 M = TypeVar("M", bound=nn.Module)
 
 
+class CompiledUpdate(Protocol):
+    """A part's compiled update (common/algorithms/steps.py), as the learner drives it."""
+
+    @property
+    def step(self) -> CompiledStep: ...  # the compiled function (its compile count and seconds)
+    def warm_up(self, batch: Batch) -> float: ...
+    def update(self, batch: Batch, want_metrics: bool) -> dict[str, float]: ...
+    def rebind(self) -> None: ...
+
+
 class ActorPart(Protocol):
     """The actor-learner's half: actor (+ SAC temperature) and a read-only critic copy."""
 
     updates: int
     policy_delay: int  # call update() once per this many critic updates (TD3: d, SAC: 1)
     sparse: SparseTopology | None  # the actor's masks (None: dense)
-    fast: Any  # the compiled step (common/algorithms/steps.py) once compile() ran, else None
-    actor: nn.Module  # the acting network (common/policy_export.py describes it to samplers)
+    fast: CompiledUpdate | None  # the compiled step once compile() ran (None: eager; an algorithm may have none)
+    algo: str  # the algorithm's name, written into its checkpoints
 
-    def compile(self, options: Any) -> None: ...
+    @property
+    def actor(self) -> nn.Module:
+        """The acting network (common/policy_export.py describes it to samplers)."""
+
+    def compile(self, options: CompileOptions) -> None: ...
     def update(self, batch: Batch, want_metrics: bool = True) -> dict[str, float]: ...
     def actor_state(self) -> State: ...
     def target_actor_state(self) -> State | None: ...
@@ -52,9 +74,10 @@ class CriticPart(Protocol):
 
     updates: int
     sparse: SparseTopology | None  # the critics' masks (None: dense)
-    fast: Any  # the compiled step (common/algorithms/steps.py) once compile() ran, else None
+    fast: CompiledUpdate | None  # the compiled step once compile() ran (None: eager; an algorithm may have none)
+    algo: str  # the algorithm's name, written into its checkpoints
 
-    def compile(self, options: Any) -> None: ...
+    def compile(self, options: CompileOptions) -> None: ...
     def update(self, batch: Batch, want_metrics: bool = True) -> dict[str, float]: ...
     def critic_state(self) -> State: ...
     def load_actor(self, state: State, target: State | None,
@@ -80,18 +103,28 @@ def seeded(seed: int, factory: Callable[[], M]) -> M:
         return factory()
 
 
-def make_generator(device: torch.device, seed: int) -> torch.Generator:
-    """A private RNG for one part, so fused and split runs draw identical noise."""
-    g = torch.Generator(device=device)
-    g.manual_seed(seed)
-    return g
-
-
 def frozen_copy(module: M) -> M:
-    """A deep copy whose parameters never take gradients (targets and peer copies)."""
+    """A deep copy whose parameters never take gradients, in eval mode (targets, peer copies)."""
     dup = copy.deepcopy(module)
     dup.requires_grad_(False)
-    return dup
+    return dup.eval()
+
+
+class Target(Generic[M]):
+    """A target network: a frozen copy of ``online`` moved toward it by Polyak averaging
+    (Lillicrap et al. 2016), pruned to the online network's sparsity when it is sparse."""
+
+    def __init__(self, online: M, sparse: SparseTopology | None, tau: float) -> None:
+        self.network: M = frozen_copy(online)
+        self.online_params, self.params = params(online), params(self.network)
+        self.sparse, self.tau = sparse, tau
+        if sparse is not None:
+            sparse.attach_target(self.network)
+
+    def update(self) -> None:
+        """``target += tau * (online - target)``, then the sparse pruning (nothing when dense)."""
+        polyak(self.params, self.online_params, self.tau)
+        sparse_prune(self.sparse)
 
 
 def adam(module_params: list[torch.Tensor], lr: float, weight_decay: float) -> torch.optim.Adam:
@@ -182,38 +215,108 @@ def load_sparse(d: dict[str, Any], sparse: SparseTopology | None) -> None:
         sparse.load_state_dict(d["sparse"])
 
 
-def save_critics(part: Any) -> dict[str, Any]:
-    """What every critic part checkpoints: critics, targets, optimizer, noise RNG, count, masks."""
-    return save_sparse({"critic": module_snapshot(part.critic), "updates": part.updates,
-                        "critic_target": module_snapshot(part.critic_target),
-                        "opt": optimizer_state(part.opt), "generator": part.generator.get_state()},
-                       part.sparse)
+Saved = nn.Module | torch.optim.Optimizer | torch.Generator | torch.Tensor
+"""What a part checkpoints under a name: a network, an optimizer, an RNG or a tensor."""
+Named = dict[str, Saved]
 
 
-def load_critics(part: Any, d: dict[str, Any]) -> None:
-    """Inverse of `save_critics`."""
-    part.critic.load_state_dict(d["critic"])
-    part.critic_target.load_state_dict(d["critic_target"])
-    part.opt.load_state_dict(d["opt"])
-    part.generator.set_state(d["generator"])
-    part.updates = int(d["updates"])
-    load_sparse(d, part.sparse)
+class CheckpointMismatch(ValueError):
+    """A checkpoint that is not of this part: another algorithm, other entries, other shapes."""
 
 
-def critic_step(part: Any, batch: Batch, y: torch.Tensor, update_targets: bool,
+def save_named(algo: str, updates: int, named: Mapping[str, Saved],
+               sparse: SparseTopology | None) -> dict[str, Any]:
+    """A part's checkpoint: its algorithm, update count, each named entry's state, its masks."""
+    d: dict[str, Any] = {"algo": algo, "updates": updates,
+                         "states": {name: _state_of(obj) for name, obj in named.items()}}
+    return save_sparse(d, sparse)
+
+
+def _state_of(obj: Saved) -> Any:
+    if isinstance(obj, nn.Module):
+        return module_snapshot(obj)
+    if isinstance(obj, torch.optim.Optimizer):
+        return optimizer_state(obj)
+    if isinstance(obj, torch.Generator):
+        return obj.get_state()
+    return obj.detach().clone()
+
+
+def load_named(what: str, algo: str, named: Mapping[str, Saved], d: dict[str, Any],
+               sparse: SparseTopology | None) -> int:
+    """Restore ``named`` from ``save_named``'s dict; the update count. ``CheckpointMismatch``
+    naming what differs (``what``: the part) when it is another algorithm's, holds other
+    entries, or entries of other shapes; nothing is loaded then."""
+    saved_algo, states = d.get("algo"), d.get("states")
+    if saved_algo != algo or not isinstance(states, dict):
+        raise CheckpointMismatch(f"{what}: the checkpoint is of algorithm {saved_algo!r}, this run's is {algo!r}")
+    if set(states) != set(named):
+        missing, extra = sorted(set(named) - set(states)), sorted(set(states) - set(named))
+        raise CheckpointMismatch(f"{what}: the checkpoint holds {', '.join(sorted(states))}; "
+                                 f"missing {missing}, not expected {extra}")
+    for name, obj in named.items():
+        if isinstance(obj, nn.Module):
+            _check_shapes(f"{what}: {name}", obj.state_dict(), states[name])
+        elif isinstance(obj, torch.Tensor):
+            _check_shapes(f"{what}: {name}", {"": obj}, {"": states[name]})
+    for name, obj in named.items():
+        state = states[name]
+        if isinstance(obj, torch.Generator):
+            obj.set_state(state)
+        elif isinstance(obj, torch.Tensor):
+            with torch.no_grad():
+                obj.copy_(state)
+        else:
+            obj.load_state_dict(state)
+    load_sparse(d, sparse)
+    return int(d["updates"])
+
+
+def _check_shapes(what: str, mine: Mapping[str, torch.Tensor], saved: Any) -> None:
+    if not isinstance(saved, Mapping) or set(saved) != set(mine):
+        keys = sorted(saved) if isinstance(saved, Mapping) else type(saved).__name__
+        raise CheckpointMismatch(f"{what} holds {keys}, this run's has {sorted(mine)}")
+    for key, tensor in mine.items():
+        got = tuple(getattr(saved[key], "shape", ()))
+        if got != tuple(tensor.shape):
+            raise CheckpointMismatch(f"{what}{'.' + key if key else ''} has shape {got}, this run's "
+                                     f"{tuple(tensor.shape)}")
+
+
+def twin_loss(params: list[torch.Tensor], obs: torch.Tensor, action: torch.Tensor,
+              y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The twin critics' regression toward ``y`` from their parameters (TD3 and SAC, eager and
+    compiled): the sum of both heads' mean squared errors, and Q1's mean."""
+    q = twin_q(params, obs, action)
+    return (q - y).square().mean(1).sum(), q[0].mean()
+
+
+class TwinCriticTrainer(Protocol):
+    """What `critic_step` uses of a critic part that regresses twin critics (TD3, SAC)."""
+
+    @property
+    def params(self) -> list[torch.Tensor]: ...
+    @property
+    def opt(self) -> torch.optim.Optimizer: ...
+    @property
+    def target(self) -> Target[Any] | None: ...
+    @property
+    def sparse(self) -> SparseTopology | None: ...
+    updates: int
+
+
+def critic_step(part: TwinCriticTrainer, batch: Batch, y: torch.Tensor, update_targets: bool,
                 want_metrics: bool) -> dict[str, float]:
     """One twin-critic regression step toward `y`, shared by TD3 and SAC: MSE of both
-    heads, optimizer step, sparse mask step, then (if asked) Polyak targets + pruning."""
-    q1, q2 = part.critic(batch["obs"], batch["action"])
-    loss = torch.nn.functional.mse_loss(q1, y) + torch.nn.functional.mse_loss(q2, y)
+    heads, optimizer step, sparse mask step, then (if asked) the target update."""
+    loss, q_mean = twin_loss(part.params, batch["obs"], batch["action"], y)
     part.opt.zero_grad(set_to_none=True)
     loss.backward()
     part.opt.step()
     part.updates += 1
     sparse_step(part.sparse, part.opt, part.updates)
-    if update_targets:
-        polyak(part._target_params, part._params, part.cfg.tau)
-        sparse_prune(part.sparse)
+    if update_targets and part.target is not None:
+        part.target.update()
     if not want_metrics:
         return {}
-    return with_sparse(scalars([("critic_loss", loss), ("q_mean", q1.mean())]), part.sparse)
+    return with_sparse(scalars([("critic_loss", loss), ("q_mean", q_mean)]), part.sparse)

@@ -10,13 +10,15 @@ before any target or peer copy is made, so every copy starts with the same topol
 
 from __future__ import annotations
 
-from typing import Any
+import sys
+from collections.abc import Callable
 
 import numpy as np
 import torch
 
 from spreeze.common.algorithms import algorithm
-from spreeze.common.algorithms.base import ActorPart, CriticPart, frozen_copy, seeded
+from spreeze.common.algorithms.base import ActorPart, CriticPart, M, seeded
+from spreeze.common.algorithms.lazy import resolve
 from spreeze.common.networks import TwinCritic
 from spreeze.common.sparse import SparseTopology, build_topology
 from spreeze.common.sparse_config import SparseConfig
@@ -40,31 +42,33 @@ class Sparsifier:
         return build_topology(module, self.cfg, self.seed, role, self.total_updates, unit)
 
 
-def track(topology: SparseTopology | None, target: torch.nn.Module) -> None:
-    """Let a sparse topology prune ``target`` (a target network) with its online network."""
-    if topology is not None:
-        topology.attach_target(target)
+def network(seed: int, stream: int, device: torch.device, factory: Callable[[], M]) -> M:
+    """``factory()``'s network, initialised from sub-seed ``stream`` of ``seed``, on ``device``."""
+    return seeded(sub_seed(seed, stream), factory).to(device)
 
 
-def critics(obs_dim: int, act_dim: int, cfg: Any, device: torch.device, seed: int,
-            sp: Sparsifier) -> tuple[TwinCritic, TwinCritic, SparseTopology | None]:
-    """Twin critics of hidden sizes ``cfg.hidden``, their target copy, and their topology."""
-    critic = seeded(sub_seed(seed, CRITIC_INIT), lambda: TwinCritic(obs_dim, act_dim, cfg.hidden))
-    critic = critic.to(device)
-    topology = sp.mask(critic, "critic")
-    critic_target = frozen_copy(critic)
-    track(topology, critic_target)
-    return critic, critic_target, topology
+def twin_critics(obs_dim: int, act_dim: int, hidden: tuple[int, ...], device: torch.device, seed: int,
+                 sp: Sparsifier) -> tuple[TwinCritic, SparseTopology | None]:
+    """Twin critics of hidden sizes ``hidden`` and their topology (None: dense)."""
+    critic = network(seed, CRITIC_INIT, device, lambda: TwinCritic(obs_dim, act_dim, hidden))
+    return critic, sp.mask(critic, "critic")
+
+
+def generator(device: torch.device, seed: int, stream: int) -> torch.Generator:
+    """A private RNG for one part (sub-seed ``stream``), so fused and split runs draw the same noise."""
+    g = torch.Generator(device=device)
+    g.manual_seed(sub_seed(seed, stream))
+    return g
 
 
 def make_parts(algo: str, obs_dim: int, act_dim: int, action_low: np.ndarray,
                action_high: np.ndarray, cfg: object, device: torch.device,
                shared: bool, seed: int = 0, *, sparse: SparseConfig | None = None,
                total_updates: int = 0) -> tuple[ActorPart, CriticPart]:
-    """Build (actor part, critic part) for ``algo`` on ``device``.
+    """Build (actor part, critic part) for ``algo`` (a name or module path) on ``device``.
 
     ``shared=True`` (fused learner): both parts hold the same module objects, so
-    :func:`fused_step` is exactly standard TD3/SAC and ``load_*`` are no-ops.
+    :func:`fused_step` is exactly the standard algorithm and ``load_*`` are no-ops.
     ``shared=False``: each part owns its copies, refreshed in place by ``load_*``.
     ``sparse``: sparse actor and critics (``None`` or network dense: the dense parts);
     ``total_updates``: the run's budget in critic updates, for the topology freeze (0: none).
@@ -75,5 +79,6 @@ def make_parts(algo: str, obs_dim: int, act_dim: int, action_low: np.ndarray,
     if sparse is not None:
         sparse.validate()
     cfg.validate()  # type: ignore[attr-defined]
+    resolve(vars(sys.modules[spec.build.__module__]))  # its update traced by torch.compile sees real modules
     return spec.build(obs_dim, act_dim, action_low, action_high, cfg, device, shared, seed,
                       Sparsifier(sparse, seed, total_updates))

@@ -1,17 +1,15 @@
-"""What the plumbing knows about an algorithm: one `Algorithm` descriptor each, by name.
+"""What the plumbing knows about an algorithm: one `Algorithm` descriptor each.
 
 Services, replay and the config ask the descriptor (common.algorithms
-`algorithm(name)`) and never branch on an algorithm's name. Descriptors and hyperparameters
-import no torch (common/algorithms/configs.py): samplers, replay, the visualizer and the
-supervisor read a run config without it, and only a learner imports the parts module that
-`Algorithm.build` names. A new algorithm is its parts module (with a `build` function) plus
-its hyperparameter dataclass and descriptor in configs.py, registered in
-common/algorithms/__init__.py (and given its config section in common/config.py).
+`algorithm(name)`) and never branch on an algorithm's name. The descriptor lives in the
+algorithm's own module as ``ALGORITHM``, beside its hyperparameter dataclass, its networks
+and its update (common/algorithms/td3.py, sac.py); that module imports no torch until
+``build`` runs (common/algorithms/lazy.py), so samplers, replay, the visualizer and the
+supervisor read a run config without it.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -24,18 +22,12 @@ if TYPE_CHECKING:
 class Algorithm:
     """One algorithm, as the rest of the system sees it."""
 
-    name: str  # --algo value, and the name of the algorithm's section of the run config
+    name: str  # the name of the algorithm's section of the run config (td3.hidden=...)
     config: type  # its hyperparameter dataclass (frozen, with validate())
-    parts: str  # the module (torch) whose build(obs_dim, act_dim, low, high, config, device, shared, seed, sparsifier) makes its parts
+    build: Callable[..., tuple[ActorPart, CriticPart]]  # build(obs_dim, act_dim, low, high, config, device, shared, seed, sparsifier): its parts (imports torch)
     policy_delay: Callable[[Any], int]  # critic updates per actor update, from its config
     exploration_noise: Callable[[Any], float]  # Gaussian action noise (half action ranges) the learner writes into the acting policy
     actor_nets: tuple[str, ...]  # actor networks the critic part needs (weights message names), in load order
-
-    def build(self, *args: Any) -> tuple[ActorPart, CriticPart]:
-        """The algorithm's actor and critic parts from freshly built networks: its parts
-        module's ``build`` (imported here, so only a learner imports torch)."""
-        parts: tuple[ActorPart, CriticPart] = importlib.import_module(self.parts).build(*args)
-        return parts
 
     def samples_per_update(self, cfg: Any, fused: bool) -> float:
         """Batches replay serves per critic update: the fused learner reuses one batch for both

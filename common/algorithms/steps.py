@@ -1,6 +1,9 @@
-"""The TD3 and SAC updates as compiled steps (machinery: common/algorithms/compiled.py).
+"""Compiled steps: an algorithm's update, from the functions its module writes once.
 
-Each step does exactly what the part's eager ``update`` does, as one function:
+The algorithm (common/algorithms/td3.py, sac.py) writes its TD target and its losses as
+functions of (parameters, batch, noise); its eager ``update`` calls them with autograd and
+torch's Adam, and the steps here call the same functions inside one compiled function
+(machinery: common/algorithms/compiled.py):
 
 - the twin critics run as one batched network (:func:`spreeze.common.networks.twin_q`);
 - gradients come from ``torch.func.grad_and_value`` and Adam is written out
@@ -18,20 +21,76 @@ Each step does exactly what the part's eager ``update`` does, as one function:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
-from torch.func import functional_call, grad_and_value
+from torch.func import grad_and_value
 
-from spreeze.common.algorithms.base import Batch, polyak, scalars, sparse_prune, with_sparse
+from spreeze.common.algorithms.base import Batch, Target, polyak, scalars, sparse_prune, twin_loss, with_sparse
 from spreeze.common.algorithms.compiled import AdamState, CompiledStep, CompileOptions, Trained
-from spreeze.common.networks import q1_only, twin_q
+from spreeze.common.sparse import SparseTopology
 
 BATCH_KEYS = ("obs", "action", "reward", "next_obs", "done")
-TargetFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+Tensor = torch.Tensor
+TargetFn = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]  # (next_obs, reward, done, noise) -> TD target
+ActorLoss = Callable[[list[Tensor], Tensor], Tensor]  # (actor params, obs) -> loss
+StochasticLoss = Callable[[list[Tensor], Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]  # (params, obs, eps, alpha) -> (loss, logp)
+TemperatureFn = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]  # (log_alpha, logp) -> (loss, d loss / d log_alpha)
 
 
-def _noise(part: Any, batch: Batch) -> torch.Tensor:
+class Trainee(Protocol):
+    """What a compiled step uses of the part it updates (public members only)."""
+
+    updates: int
+
+    @property
+    def params(self) -> list[torch.Tensor]: ...  # the trained network's parameters, in order
+    @property
+    def opt(self) -> torch.optim.Optimizer: ...  # their Adam (its state is the step's)
+    @property
+    def sparse(self) -> SparseTopology | None: ...  # their masks (None: dense)
+
+
+class Noisy(Trainee, Protocol):
+    @property
+    def generator(self) -> torch.Generator: ...  # the part's noise RNG
+
+
+class Hyper(Protocol):
+    """The hyperparameters the TD3 and SAC steps read (TD3Config, SACConfig)."""
+
+    @property
+    def tau(self) -> float: ...
+    @property
+    def gamma(self) -> float: ...
+
+
+class TwinCriticPart(Noisy, Protocol):
+    @property
+    def cfg(self) -> Hyper: ...
+    @property
+    def target(self) -> Target[Any]: ...
+
+
+class TargetedActor(Trainee, Protocol):
+    """A deterministic actor part with a target actor, as its compiled step sees it."""
+
+    @property
+    def cfg(self) -> Hyper: ...
+    @property
+    def target(self) -> Target[Any]: ...
+
+
+class SACActor(Noisy, Protocol):
+    """SAC's actor part as its compiled step sees it."""
+
+    @property
+    def log_alpha(self) -> torch.Tensor: ...
+    @property
+    def alpha_opt(self) -> torch.optim.Optimizer | None: ...
+
+
+def _noise(part: Noisy, batch: Batch) -> torch.Tensor:
     """A standard normal draw of the action batch's shape from the part's generator."""
     a = batch["action"]
     return torch.randn(a.shape, generator=part.generator, device=a.device, dtype=a.dtype)
@@ -48,7 +107,7 @@ class FastUpdate:
     step: CompiledStep
     trained: Trained
 
-    def __init__(self, part: Any, tau: float, device: torch.device) -> None:
+    def __init__(self, part: Trainee, tau: float, device: torch.device) -> None:
         self.part, self.tau = part, tau
         self.tau_on, self.tau_off = _taus(tau, device)
 
@@ -77,7 +136,7 @@ class FastUpdate:
         sparse = self.part.sparse
         adapting = sparse is not None and sparse.due(n)
         out = self.step(*self.inputs(batch, polyak_due and not adapting))
-        if adapting:
+        if adapting and sparse is not None:
             sparse.adapt(self.part.opt)
             if polyak_due:
                 polyak(self.trained.targets, self.trained.params, self.tau)
@@ -89,11 +148,12 @@ class FastUpdate:
 class CriticStep(FastUpdate):
     """TD3 / SAC critic update: TD target (``target_fn``), twin regression, Adam, Polyak."""
 
-    def __init__(self, part: Any, target_fn: TargetFn, polyak_every: int, options: CompileOptions,
+    def __init__(self, part: TwinCriticPart, target_fn: TargetFn, polyak_every: int, options: CompileOptions,
                  device: torch.device) -> None:
         super().__init__(part, part.cfg.tau, device)
+        self.noisy = part
         self.polyak_every = polyak_every
-        t = self.trained = Trained(part._params, part.opt, part._target_params, part.sparse)
+        t = self.trained = Trained(part.params, part.opt, part.target.params, part.sparse)
 
         def step(obs: torch.Tensor, action: torch.Tensor, reward: torch.Tensor, next_obs: torch.Tensor,
                  done: torch.Tensor, noise: torch.Tensor, tau: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -101,8 +161,7 @@ class CriticStep(FastUpdate):
                 y = target_fn(next_obs, reward, done, noise)
 
             def loss_fn(ps: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-                q = twin_q(ps, obs, action)
-                return (q - y).square().mean(1).sum(), q[0].mean()
+                return twin_loss(ps, obs, action, y)
 
             grads, (loss, q_mean) = grad_and_value(loss_fn, has_aux=True)(t.inputs())
             with torch.no_grad():
@@ -112,7 +171,7 @@ class CriticStep(FastUpdate):
         self.step = CompiledStep(step, t.mutated(), device, options)
 
     def inputs(self, batch: Batch, with_polyak: bool) -> list[torch.Tensor]:
-        return [*(batch[k] for k in BATCH_KEYS), _noise(self.part, batch),
+        return [*(batch[k] for k in BATCH_KEYS), _noise(self.noisy, batch),
                 self.tau_on if with_polyak else self.tau_off]
 
     def _dummy_inputs(self, batch: Batch) -> list[torch.Tensor]:
@@ -127,53 +186,18 @@ class CriticStep(FastUpdate):
         return with_sparse(scalars([("critic_loss", loss), ("q_mean", q_mean)]), self.part.sparse)
 
 
-def td3_critic(part: Any, options: CompileOptions, device: torch.device) -> CriticStep:
-    cfg, targets, actor_target = part.cfg, part._target_params, part.actor_target
-    scale, low, high = part._scale, part._low, part._high
+class ActorStep(FastUpdate):
+    """A deterministic actor's update: its loss (``loss(params, obs)``), Adam, Polyak of its target."""
 
-    def target_fn(next_obs: torch.Tensor, reward: torch.Tensor, done: torch.Tensor,
-                  noise: torch.Tensor) -> torch.Tensor:
-        a = actor_target(next_obs)
-        noise = (noise * cfg.policy_noise).clamp(-cfg.noise_clip, cfg.noise_clip)
-        a = torch.clamp(torch.addcmul(a, noise, scale), low, high)
-        tq = twin_q(targets, next_obs, a)
-        return torch.addcmul(reward, 1.0 - done, torch.minimum(tq[0], tq[1]), value=cfg.gamma)
-
-    return CriticStep(part, target_fn, cfg.policy_delay, options, device)
-
-
-def sac_critic(part: Any, options: CompileOptions, device: torch.device) -> CriticStep:
-    cfg, targets, actor, log_alpha = part.cfg, part._target_params, part.actor, part.log_alpha
-
-    def target_fn(next_obs: torch.Tensor, reward: torch.Tensor, done: torch.Tensor,
-                  eps: torch.Tensor) -> torch.Tensor:
-        a, logp = actor(next_obs, eps=eps)
-        tq = twin_q(targets, next_obs, a)
-        v = torch.minimum(tq[0], tq[1]) - log_alpha.exp() * logp
-        return torch.addcmul(reward, 1.0 - done, v, value=cfg.gamma)
-
-    return CriticStep(part, target_fn, 1, options, device)
-
-
-class TD3ActorStep(FastUpdate):
-    """Deterministic policy gradient on -Q1(s, pi(s)), Adam, Polyak of the target actor."""
-
-    def __init__(self, part: Any, options: CompileOptions, device: torch.device) -> None:
+    def __init__(self, part: TargetedActor, loss: ActorLoss, options: CompileOptions, device: torch.device) -> None:
         super().__init__(part, part.cfg.tau, device)
-        t = self.trained = Trained(part._params, part.opt, part._target_params, part.sparse)
-        actor, names = part.actor, [n for n, _ in part.actor.named_parameters()]
-        critic = list(part.critic.parameters())
+        t = self.trained = Trained(part.params, part.opt, part.target.params, part.sparse)
 
         def step(obs: torch.Tensor, tau: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            qs = [p.detach() for p in critic]
-
-            def loss_fn(ps: list[torch.Tensor]) -> torch.Tensor:
-                return -q1_only(qs, obs, functional_call(actor, dict(zip(names, ps)), (obs,))).mean()
-
-            grads, loss = grad_and_value(loss_fn)(t.inputs())
+            grads, value = grad_and_value(loss)(t.inputs(), obs)
             with torch.no_grad():
                 t.apply_(grads, tau)
-            return (loss.detach(),)
+            return (value.detach(),)
 
         self.step = CompiledStep(step, t.mutated(), device, options)
 
@@ -187,41 +211,36 @@ class TD3ActorStep(FastUpdate):
 
 
 class SACActorStep(FastUpdate):
-    """Actor step on E[alpha*logp - min Q], then the temperature step (autotune)."""
+    """Actor step on its loss (``loss(params, obs, eps, alpha) -> (loss, logp)``), then the
+    temperature step (autotune) from ``temperature(log_alpha, logp) -> (loss, gradient)``."""
 
-    def __init__(self, part: Any, options: CompileOptions, device: torch.device) -> None:
+    def __init__(self, part: SACActor, loss: StochasticLoss, temperature: TemperatureFn, options: CompileOptions,
+                 device: torch.device) -> None:
         super().__init__(part, 0.0, device)
-        t = self.trained = Trained(part._params, part.opt, (), part.sparse)
-        actor, names = part.actor, [n for n, _ in part.actor.named_parameters()]
-        critic, log_alpha = list(part.critic.parameters()), part.log_alpha
+        self.noisy = part
+        t = self.trained = Trained(part.params, part.opt, (), part.sparse)
+        log_alpha = part.log_alpha
         alpha_adam = AdamState(part.alpha_opt) if part.alpha_opt is not None else None
-        self.alpha_adam, target_entropy = alpha_adam, part.target_entropy
+        self.alpha_adam = alpha_adam
 
         def step(obs: torch.Tensor, eps: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            qs, la = [p.detach() for p in critic], log_alpha.detach()
+            la = log_alpha.detach()
             alpha = la.exp()
-
-            def loss_fn(ps: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-                a, logp = functional_call(actor, dict(zip(names, ps)), (obs,), {"eps": eps})
-                q = twin_q(qs, obs, a)
-                return (alpha * logp - torch.minimum(q[0], q[1])).mean(), logp
-
-            grads, (loss, logp) = grad_and_value(loss_fn, has_aux=True)(t.inputs())
+            grads, (value, logp) = grad_and_value(loss, has_aux=True)(t.inputs(), obs, eps, alpha)
             with torch.no_grad():
                 t.apply_(grads, None)
-                out = (loss.detach(), alpha, -logp.mean())
+                out = (value.detach(), alpha, -logp.mean())
                 if alpha_adam is None:
                     return out
-                c = logp + target_entropy
-                alpha_loss = -(la * c).mean()  # before the step: la aliases log_alpha
-                alpha_adam.update_([-c.mean()])  # d/d(log_alpha) of -(log_alpha * c).mean()
+                alpha_loss, alpha_grad = temperature(la, logp)  # before the step: la aliases log_alpha
+                alpha_adam.update_([alpha_grad])
                 return (*out, alpha_loss)
 
         mutated = t.mutated() + ([log_alpha.detach(), *alpha_adam.tensors()] if alpha_adam else [])
         self.step = CompiledStep(step, mutated, device, options)
 
     def inputs(self, batch: Batch, with_polyak: bool) -> list[torch.Tensor]:
-        return [batch["obs"], _noise(self.part, batch)]
+        return [batch["obs"], _noise(self.noisy, batch)]
 
     def _dummy_inputs(self, batch: Batch) -> list[torch.Tensor]:
         return [batch["obs"], torch.randn_like(batch["action"])]

@@ -37,7 +37,7 @@ import torch
 # silence the heartbeats long enough for the supervisor to declare the learner dead.
 import torch._dynamo  # noqa: F401
 
-from spreeze.common.algorithms.base import ActorPart, CriticPart
+from spreeze.common.algorithms.base import ActorPart, CompiledUpdate, CriticPart
 from spreeze.common.algorithms.build import make_parts
 from spreeze.common.algorithms.compiled import CompileOptions, check_guards, compile_cache_dir, use_compile_cache
 from spreeze.common.checkpoint_spec import check_made_for, made_for, write_sidecar
@@ -109,7 +109,7 @@ class LearnerBase(Service):
         self.losses: dict[str, float] = {}
         self.tasks: list[asyncio.Task[Any]] = []
         self.ready = False  # restored from the run's checkpoint (if any): only then may close() checkpoint
-        self.fast: list[Any] = []  # the compiled steps of the parts this learner trains
+        self.fast: list[CompiledUpdate] = []  # the compiled steps of the parts this learner trains
         self.compiling: asyncio.Future[float] | None = None  # a compile of `shadows` in a worker thread
         self.shadows: tuple[ActorPart | CriticPart, ...] = ()  # the parts it compiles
         self.compiling_for = lc.batch_size  # the batch size it compiles for
@@ -168,8 +168,8 @@ class LearnerBase(Service):
 
         def work() -> float:
             for part in shadows:
-                part.compile(options)
-            return sum(part.fast.warm_up(dummy) for part in shadows)
+                part.compile(options)  # an algorithm without a compiled step leaves fast None
+            return sum(part.fast.warm_up(dummy) for part in shadows if part.fast is not None)
 
         # No compiled step may run while dynamo compiles in the worker thread (with guards
         # off, a call then fails as a recompile): the live parts update eagerly meanwhile,
@@ -201,7 +201,7 @@ class LearnerBase(Service):
         for live, shadow in zip(self.trained(), shadows):
             shadow.load(live.save())  # rebinds the compiled step's optimizer state too
         self.train_with(shadows)
-        self.fast = [part.fast for part in shadows]
+        self.fast = [part.fast for part in shadows if part.fast is not None]
         check_guards(False)
         self.batches.batch_size = self.compiling_for
         self.record_compile_s(seconds)

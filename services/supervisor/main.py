@@ -66,6 +66,10 @@ BUS_WAIT = 5.0  # seconds to wait for the metrics bus to carry a first record be
 
 
 class Supervisor:
+    # made in `open`, in run(): they command services through the control socket it creates
+    samplers: SamplerPool  # the local samplers started and retired while training
+    tuning: TuningLoop | None  # the tuner's loop (None: not tuned)
+
     def __init__(self, cfg: Config, quiet: bool = False, specs: list[ServiceSpec] | None = None,
                  pinned: frozenset[str] = frozenset(), plan: list[Choice] | None = None,
                  stop_grace: float = STOP_GRACE) -> None:
@@ -80,8 +84,8 @@ class Supervisor:
         # config it hands out and tunes what its `set` commands reach (envs, batches per request)
         hub = cfg.supervisor.mode == "hub"
         self.plan = [c for c in plan or [] if not (hub and c.key in HUB_IGNORES)] if specs is None else []
-        tuned_pins = pinned | HUB_IGNORES if hub else pinned
-        self.tuning = TuningLoop(self, cfg, tuned_pins) if specs is None and cfg.supervisor.tune else None
+        self.tunable = specs is None and cfg.supervisor.tune
+        self.pinned = pinned | HUB_IGNORES if hub else pinned  # keys the tuner leaves as they are
         self.run_dir = Path(cfg.run_dir)
         self.progress = Progress(self.run_dir / "metrics.jsonl", cfg.total_steps, cfg.time_limit)
         self.learner_id = LEARNER if cfg.learner.mode == "fused" else CRITIC_LEARNER  # whose updates count
@@ -101,7 +105,6 @@ class Supervisor:
         self.done = asyncio.Event()
         self.encoder = Encoder("supervisor")
         self.next_request = 0
-        self.samplers = SamplerPool(self.children, self.start, self.tell, cfg.sampler.num_samplers, STOP_GRACE)
         self.last_ping = 0.0  # monotonic time of the last ping round
         self.ledger = Ledger()
 
@@ -110,14 +113,7 @@ class Supervisor:
         """Train until the budget is spent; 0 on success (or SIGTERM: a process manager's stop is a
         clean end), INTERRUPTED (130) after Ctrl-C, 1 when the run failed. Either signal shuts
         down cleanly, so the run can be resumed."""
-        self.ctx = zmq.asyncio.Context()
-        self.server_keys, self.client_keys = self.curve()
-        self.control = Channel(self.ctx, "control", self.endpoints["control"], binding=True, encoder=self.encoder,
-                               also=self.tcp_also("control"), curve=self.server_keys)
-        self.metrics = Channel(self.ctx, "metrics_out", self.endpoints["metrics_out"], binding=False,
-                               encoder=self.encoder)
-        self.events = Channel(self.ctx, "metrics_in", self.endpoints["metrics_in"], binding=False,
-                              encoder=self.encoder, curve=self.client_keys)
+        self.open()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self.on_signal, sig)
@@ -151,6 +147,20 @@ class Supervisor:
         if self.sockets.own_sock_dir:
             shutil.rmtree(self.sockets.sock_dir, ignore_errors=True)
         return 1 if self.failure else INTERRUPTED if self.interrupted else 0
+
+    def open(self) -> None:
+        """The sockets, then what sends through them (`tell`, `emit`): the sampler pool and the
+        tuning loop. Called by run(), in the event loop the sockets belong to."""
+        self.ctx = zmq.asyncio.Context()
+        self.server_keys, self.client_keys = self.curve()
+        self.control = Channel(self.ctx, "control", self.endpoints["control"], binding=True, encoder=self.encoder,
+                               also=self.tcp_also("control"), curve=self.server_keys)
+        self.metrics = Channel(self.ctx, "metrics_out", self.endpoints["metrics_out"], binding=False,
+                               encoder=self.encoder)
+        self.events = Channel(self.ctx, "metrics_in", self.endpoints["metrics_in"], binding=False,
+                              encoder=self.encoder, curve=self.client_keys)
+        self.samplers = SamplerPool(self.children, self.start, self.tell, self.cfg.sampler.num_samplers, STOP_GRACE)
+        self.tuning = TuningLoop(self, self.cfg, self.pinned) if self.tunable else None
 
     def curve(self) -> tuple[CurveKeys | None, CurveKeys | None]:
         """(server, client) keys of the tcp-facing hub sockets; (None, None) in a run without keys."""

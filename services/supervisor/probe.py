@@ -163,7 +163,7 @@ def plan(hw: Hardware, cfg: Config, pinned: frozenset[str], row_bytes: int, task
          ) -> list[Choice]:
     """The start values of every knob not in `pinned`, each with its reason (pure)."""
     choices: list[Choice] = [] if task is None else task_choices(task, cfg, pinned)
-    hidden = next((c.value for c in choices if c.key == f"{cfg.algo}.hidden"),
+    hidden = next((c.value for c in choices if c.key == f"{cfg.algorithm.name}.hidden"),
                   getattr(cfg.algo_config, "hidden", ()))
     if not hw.cxx and cfg.learner.compile and "learner.compile" not in pinned:
         choices.append(Choice("learner.compile", False,
@@ -223,7 +223,7 @@ def network_choice(task: Task, cfg: Config, pinned: frozenset[str]) -> list[Choi
     return for 80k steps. A task without it (HalfCheetah) keeps the algorithm's default, where
     64-64 reached 3000 in as few env steps as 256-256 at a fraction of the CPU per update.
     """
-    key = f"{cfg.algo}.hidden"
+    key = f"{cfg.algorithm.name}.hidden"
     hidden = tuple(getattr(cfg.algo_config, "hidden", ()))
     if key in pinned or not hidden:
         return []

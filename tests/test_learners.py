@@ -88,7 +88,7 @@ def test_fused_learner_updates_publishes_and_caches_weights(tmp_path: Path) -> N
             for k, v in live.items():
                 np.testing.assert_array_equal(newest.dense[k], v)
             assert newest.policy["ops"][-1] == {"op": "squash", "scale": "scale", "bias": "bias",
-                                                "exploration_noise": lrn.cfg.td3.exploration_noise}
+                                                "exploration_noise": lrn.cfg.section("td3").exploration_noise}
             NumpyActor(newest.policy, newest.dense, np.array([-2.0]), np.array([2.0]))  # samplers can act with it
             # a subscriber joining now, while the learner publishes nothing new, gets version 4
             late = WeightsFollower(h.channel("weights", binding=False, name="actor_weights"))

@@ -171,3 +171,28 @@ def test_trained_networks_train_and_read_only_copies_are_in_eval_mode(spec: str)
     assert actor.actor.training and critic.critic.training  # type: ignore[attr-defined]
     assert not actor.critic.training  # type: ignore[attr-defined]
     assert not critic.target.network.training  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("spec", [*ALGOS, DDPG])
+def test_every_algorithms_actor_is_acted_by_its_description_as_the_conformance_kit_reads_it(spec: str) -> None:
+    """What a sampler receives of any algorithm, a user's included: the acting-policy
+    description of its actor. The conformance kit's own reading of it (proto/conformance,
+    written from SPEC §4.4) and the samplers' numpy actor both give the torch actor's actions."""
+    from spreeze.common.numpy_policy import NumpyActor
+    from spreeze.common.policy_export import describe_actor
+    from spreeze.proto.conformance.policy import deterministic
+
+    hidden = f"{algorithm(spec).name}.hidden=[16,16]"
+    cfg = load_config(None, [f"algo={spec}", hidden]).algo_config
+    actor, _ = make_parts(spec, OBS, ACT, LOW, HIGH, cfg, torch.device("cpu"), True, 5)
+    policy = describe_actor(actor.actor)
+    state = actor.actor_state()
+    obs = np.random.default_rng(1).standard_normal((7, OBS)).astype(np.float32)
+    kit = deterministic(policy, state, obs, LOW, HIGH)
+    numpy = NumpyActor(policy, state, LOW, HIGH).mean_action(obs)
+    np.testing.assert_allclose(numpy, kit, rtol=1e-4, atol=1e-5)
+    with torch.no_grad():  # a deterministic actor's forward is its action; SAC's with deterministic=True
+        out = actor.actor(torch.from_numpy(obs), deterministic=True) if spec == "sac" else actor.actor(
+            torch.from_numpy(obs))
+    mine = out[0] if isinstance(out, tuple) else out
+    np.testing.assert_allclose(numpy, mine.numpy(), rtol=1e-4, atol=1e-5)

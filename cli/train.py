@@ -33,6 +33,8 @@ def train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, help="base seed (config key seed)")
     p.add_argument("--total-steps", type=positive_int, help="env steps budget (config key total_steps)")
     p.add_argument("--time-limit", type=float, help="wall-clock budget in seconds (config key time_limit)")
+    p.add_argument("--stop-at-return", type=float, metavar="R",
+                   help="stop once an evaluation's mean return reaches R (config key stop_at_return)")
     p.add_argument("--run-dir", help="run directory (config key run_dir)")
     p.add_argument("--resume", metavar="RUN_DIR",
                    help="continue a stopped or crashed run with its saved config; only budget keys "
@@ -50,6 +52,7 @@ def resolved(args: argparse.Namespace) -> Resolved:
     """The run's config from the command line (the API's resolution: spreeze.api.resolve)."""
     return resolve(args.config, args.overrides, args.resume, env=args.env, algo=args.algo, seed=args.seed,
                    total_steps=args.total_steps, time_limit=args.time_limit, run_dir=args.run_dir,
+                   stop_at_return=args.stop_at_return,
                    sparse__network=args.network, supervisor__listen=args.listen,
                    supervisor__keys=str(Path(args.keys).resolve()) if args.keys else None)
 

@@ -11,6 +11,7 @@ the run's algorithm's (a module path, see common/algorithms/__init__.py) joins t
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import typing
 from dataclasses import dataclass, field
@@ -217,6 +218,7 @@ class Config:
     seed: int = 0  # base seed; each service derives its own
     total_steps: int = 100_000  # env steps budget; the run stops when replay has seen this many
     time_limit: float = 0.0  # wall-clock budget in seconds (0 = none)
+    stop_at_return: float | None = None  # stop once an evaluation's mean return reaches this (None = run the whole budget)
     run_dir: str = ""  # run directory ("" = runs/<env>-<algo>-<seed>-<timestamp>)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     replay: ReplayConfig = field(default_factory=ReplayConfig)
@@ -234,6 +236,9 @@ class Config:
             raise ConfigError(f"{spec.name}: the section of algo={self.algo!r} must be a {spec.config.__name__}")
         _positive(self, "total_steps")
         _non_negative(self, "time_limit", "seed")
+        if self.stop_at_return is not None and (isinstance(self.stop_at_return, bool) or not isinstance(
+                self.stop_at_return, (int, float)) or not math.isfinite(self.stop_at_return)):
+            raise ConfigError(f"stop_at_return={self.stop_at_return!r} must be a finite number or null")
         if not self.env:
             raise ConfigError("env='' must name a gymnasium environment id")
         sections = [getattr(self, f.name) for f in dataclasses.fields(self)] + list(self.algorithms.values())

@@ -31,7 +31,8 @@ import yaml
 from spreeze.common.config import Config, given_keys, load_config, parse_override, to_dict
 from spreeze.common.errors import ConfigError
 
-RESUMABLE_KEYS = ("total_steps", "time_limit", "supervisor.listen", "supervisor.keys")  # budget and where it listens
+RESUMABLE_KEYS = ("total_steps", "time_limit", "stop_at_return", "supervisor.listen",
+                  "supervisor.keys")  # budget and where it listens
 INTERRUPTED = 128 + signal.SIGINT  # exit status of a run stopped by Ctrl-C, as a shell reports one
 
 
@@ -157,19 +158,20 @@ class Run:
 def train(env: str | None = None, algo: str | None = None, *, total_steps: int | None = None,
           run_dir: str | Path | None = None, config: str | Path | Mapping[str, Any] | None = None,
           overrides: Sequence[str] = (), seed: int | None = None, network: str | None = None,
-          time_limit: float | None = None, resume: str | Path | None = None, quiet: bool = True,
-          wait: bool = True) -> Run:
+          time_limit: float | None = None, stop_at_return: float | None = None,
+          resume: str | Path | None = None, quiet: bool = True, wait: bool = True) -> Run:
     """Train as `spreeze train` does (same config, overrides and services) and return the Run.
 
     `config`: a YAML file or a dict of config sections; `overrides`: "key=value" strings as on
-    the command line; the named arguments win over both. `resume`: continue a stopped run
+    the command line; the named arguments win over both. `stop_at_return`: end the run once an
+    evaluation's mean return reaches it (exit status 0). `resume`: continue a stopped run
     (only budget keys may change). `quiet`: the progress lines go to RUN_DIR/console.log
     instead of this process's stdout. `wait=True` (default) blocks until the budget is spent
     and raises TrainingError if the run failed; `wait=False` returns the running Run.
     A bad config raises ConfigError here, before anything starts."""
     resolved = resolve(config, overrides, resume, env=env, algo=algo, total_steps=total_steps,
                        run_dir=None if run_dir is None else str(run_dir), seed=seed,
-                       sparse__network=network, time_limit=time_limit)
+                       sparse__network=network, time_limit=time_limit, stop_at_return=stop_at_return)
     from spreeze.services.supervisor.start import check_run_dir
 
     cfg = resolved.config

@@ -80,3 +80,17 @@ def test_bad_input_is_refused_by_name_before_anything_starts(tmp_path: Path) -> 
         spreeze.load(tmp_path / "empty")
     with pytest.raises(AttributeError, match="no attribute 'trian'"):
         spreeze.trian  # noqa: B018 (a typo is an AttributeError naming it)
+
+
+@pytest.mark.timeout(240)
+def test_a_run_stops_at_a_target_return(tmp_path: Path) -> None:
+    """stop_at_return (--stop-at-return): the first evaluation at or above it ends the run, exit 0."""
+    run = spreeze.train(env="Pendulum-v1", total_steps=1_000_000, run_dir=tmp_path / "t", config=SHORT,
+                        stop_at_return=-1e9)
+    said = (run.run_dir / "console.log").read_text()
+    assert run.returncode == 0 and "reached stop_at_return=-1,000,000,000.0" in said, said[-2000:]
+    evals = [line for line in (run.run_dir / "metrics.jsonl").read_text().splitlines() if '"kind": "eval"' in line]
+    assert evals and len(evals) <= 3  # the first one reached it (and the final one at the stop)
+    for bad in ("nan", "[1]", "true"):
+        with pytest.raises(ConfigError, match="stop_at_return"):
+            spreeze.train(env="Pendulum-v1", run_dir=tmp_path / "x", overrides=[f"stop_at_return={bad}"])

@@ -38,7 +38,7 @@ from spreeze.common.health import serve_health
 from spreeze.common.health_probe import ENV_HEALTH
 from spreeze.common.service import ENV_KEYS
 from spreeze.common.transport import Channel, bind_address
-from spreeze.proto.messages import Control, ControlReply, Error, Event, Heartbeat, Register, Welcome
+from spreeze.proto.messages import Control, ControlReply, Error, EvalResult, Event, Heartbeat, Register, Welcome
 from spreeze.proto.names import (ACTOR_LEARNER, CRITIC_LEARNER, EVALUATOR, LEARNER, LEARNER_ROLES, REPLAY, SAMPLER,
                          VISUALIZER)
 from spreeze.services.supervisor.endpoints import run_endpoints
@@ -376,6 +376,10 @@ class Supervisor:
                 self.progress.take(msg)
                 if isinstance(msg, Event) and msg.data.get("notify") is True:  # e.g. the dashboard URL
                     self.say(f"{msg.kind}: {msg.reason}")
+                target = self.cfg.stop_at_return
+                if isinstance(msg, EvalResult) and target is not None and msg.return_mean >= target:
+                    self.stop(f"evaluation return {msg.return_mean:,.1f} reached stop_at_return={target:,.1f} "
+                              f"at {msg.env_steps:,} env steps")
             if self.progress.env_steps >= self.cfg.total_steps:
                 self.stop(f"budget of {self.cfg.total_steps:,} env steps reached")
 

@@ -33,7 +33,7 @@ class Filler(Service):
         return {"pushed": self.pushed}
 
     async def serve(self) -> None:
-        layout, _, _ = env_spec(self.cfg.env)
+        layout, _, _ = env_spec(self.cfg.env_source)
         push = self.channel("experience", binding=False)
         rng = np.random.default_rng(self.cfg.seed + 29)
         target = self.cfg.replay.capacity

@@ -122,7 +122,7 @@ def network_counts(cfg: Config) -> Record:
     from spreeze.common.algorithms.build import make_parts
     from spreeze.common.envs import env_spec
 
-    layout, low, high = env_spec(cfg.env)
+    layout, low, high = env_spec(cfg.env_source)
     actor, critic = make_parts(cfg.algo, layout.obs_dim, layout.act_dim, low, high, cfg.algo_config,
                                torch.device("cpu"), True, cfg.seed, sparse=cfg.sparse,
                                total_updates=cfg.total_updates)

@@ -119,7 +119,7 @@ def inproc_rate(cfg: Config, seconds: float, side: str) -> dict[str, float]:
     torch.set_num_threads(cfg.learner.threads)
     try:
         device = device_of(cfg.learner.actor_device)
-        layout, low, high = env_spec(cfg.env)
+        layout, low, high = env_spec(cfg.env_source)
         actor, critic = make_parts(cfg.algo, layout.obs_dim, layout.act_dim, low, high, cfg.algo_config,
                                    device, True, cfg.seed, sparse=cfg.sparse, total_updates=cfg.total_updates)
         gen = torch.Generator().manual_seed(cfg.seed + 31)
@@ -168,7 +168,7 @@ def compile_probe(algo: str, hidden: tuple[int, ...], batch: int, threads: int, 
     torch.set_num_threads(threads)
     cfg = bench_config(algo, batch, hidden, threads, device, 64 * batch, 1.0, Path("."))
     t0 = time.perf_counter()
-    layout, low, high = env_spec(cfg.env)
+    layout, low, high = env_spec(cfg.env_source)
     actor, critic = make_parts(algo, layout.obs_dim, layout.act_dim, low, high, cfg.algo_config,
                                device_of(device), True, 0)
     options = CompileOptions(True, cfg.learner.cuda_graphs)

@@ -22,6 +22,7 @@ import yaml
 
 from spreeze.common.algorithms import ALGOS, Algorithm, algorithm
 from spreeze.common.errors import ConfigError
+from spreeze.common.env_source import EnvSource
 from spreeze.common.sparse_config import SparseConfig
 from spreeze.common.transport import ROLES, tcp_port
 from spreeze.proto.names import ROLES as SERVICE_ROLES
@@ -213,7 +214,9 @@ def tcp_host_map(text: str) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class Config:
-    env: str = "HalfCheetah-v5"  # gymnasium environment id (continuous actions)
+    env: str = "HalfCheetah-v5"  # gymnasium environment id (continuous actions), or gymnasium's module:EnvId
+    env_kwargs: dict[str, Any] = field(default_factory=dict)  # keyword arguments of gymnasium.make(env, ...), the same in samplers, evaluator and videos
+    env_imports: tuple[str, ...] = ()  # modules every process imports before making the env (a package that registers its envs)
     algo: str = "td3"  # td3 | sac | a module path whose module defines ALGORITHM (its section: ALGORITHM.name)
     seed: int = 0  # base seed; each service derives its own
     total_steps: int = 100_000  # env steps budget; the run stops when replay has seen this many
@@ -229,6 +232,11 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     visualizer: VisualizerConfig = field(default_factory=VisualizerConfig)
     supervisor: SupervisorConfig = field(default_factory=SupervisorConfig)
+
+    @property
+    def env_source(self) -> EnvSource:
+        """How every process makes the run's environment (id, env_kwargs, env_imports)."""
+        return EnvSource(self.env, tuple(sorted(self.env_kwargs.items())), self.env_imports)
 
     def validate(self) -> None:
         spec = _algorithm(self.algo)
@@ -395,6 +403,10 @@ def _coerce(hint: Any, value: Any, key: str) -> Any:
     origin = typing.get_origin(hint)
     if origin is tuple:
         return _coerce_tuple(typing.get_args(hint)[0], value, key)
+    if origin is dict:
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+            raise ConfigError(f"{key}={value!r} must be a mapping of names to values")
+        return dict(value)
     if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
         args = [a for a in typing.get_args(hint) if a is not type(None)]
         return None if value is None else _coerce(args[0], value, key)
@@ -408,11 +420,14 @@ def _coerce(hint: Any, value: Any, key: str) -> Any:
 
 
 def _coerce_tuple(item: type, value: Any, key: str) -> tuple[Any, ...]:
-    """A list of ints (or of numbers, as floats, for a tuple of floats) as a tuple."""
+    """A list of ints (or of numbers, as floats, for a tuple of floats; of names for strings) as a tuple."""
     def number(v: Any) -> bool:
+        if item is str:
+            return isinstance(v, str) and bool(v)
         return isinstance(v, (int, float) if item is float else int) and not isinstance(v, bool)
     if not isinstance(value, (list, tuple)) or not all(number(v) for v in value):
-        raise ConfigError(f"{key}={value!r} must be a list of {'numbers' if item is float else 'integers'}")
+        what = {float: "numbers", str: "non-empty strings"}.get(item, "integers")
+        raise ConfigError(f"{key}={value!r} must be a list of {what}")
     return tuple(float(v) for v in value) if item is float else tuple(value)
 
 

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import gymnasium as gym
 import numpy as np
 
-from spreeze.common.errors import ConfigError
+from spreeze.common.env_source import EnvSource
+from spreeze.common.errors import ConfigError, EnvArgumentError
 from spreeze.proto.messages import TransitionLayout
 
 
@@ -74,26 +75,42 @@ def route_mujoco_warnings() -> None:
         mujoco.set_mju_user_warning(_mujoco_warning)
 
 
-def make_env(env_id: str, seed: int | None = None, **kwargs: object) -> gym.Env:
-    """gym.make with a clear error for unknown ids and non-continuous action spaces."""
-    if is_mujoco(env_id):
+def import_env_modules(modules: tuple[str, ...]) -> None:
+    """Import the modules that register a user's environments; ConfigError naming a missing one."""
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            raise ConfigError(f"env_imports: module {name!r} cannot be imported ({exc}); is its package "
+                              "installed (or on PYTHONPATH) where every service runs?") from None
+
+
+def make_env(env: str | EnvSource, seed: int | None = None, **kwargs: object) -> gym.Env:
+    """gym.make with a clear error for unknown ids, bad keyword arguments and non-continuous
+    action spaces. ``kwargs`` (rendering) go with the source's own env_kwargs."""
+    src = EnvSource.of(env)
+    import_env_modules(src.imports)
+    if is_mujoco(src.id):
         import_mujoco_without_gl()
         route_mujoco_warnings()
     try:
-        env = gym.make(env_id, **kwargs)
-    except gym.error.Error as exc:
-        raise ConfigError(f"env={env_id!r} cannot be made: {exc}") from None
-    space = env.action_space
+        made = gym.make(src.id, **dict(src.kwargs), **kwargs)
+    except TypeError as exc:  # an argument the environment does not take
+        raise EnvArgumentError(f"{src.describe()} cannot be made: {exc}") from None
+    except (gym.error.Error, ValueError, ImportError) as exc:
+        # an unknown id, a bad argument value, a module of gymnasium's module:EnvId that is not there
+        raise ConfigError(f"{src.describe()} cannot be made: {exc}") from None
+    space = made.action_space
     if not isinstance(space, gym.spaces.Box) or len(space.shape) != 1:
-        env.close()
-        raise ConfigError(f"env={env_id!r} has action space {space}, Spreeze needs a 1-D Box")
-    if len(env.observation_space.shape or ()) != 1:
-        env.close()
-        raise ConfigError(f"env={env_id!r} has observation space {env.observation_space}, "
+        made.close()
+        raise ConfigError(f"env={src.id!r} has action space {space}, Spreeze needs a 1-D Box")
+    if len(made.observation_space.shape or ()) != 1:
+        made.close()
+        raise ConfigError(f"env={src.id!r} has observation space {made.observation_space}, "
                           "Spreeze needs a flat Box")
     if seed is not None:
-        env.action_space.seed(seed)
-    return env
+        made.action_space.seed(seed)
+    return made
 
 
 @dataclass(frozen=True)
@@ -106,18 +123,18 @@ class Task:
     ends_early: bool  # episodes end when the agent fails (falls), not only at the time limit
 
 
-def task_facts(env_id: str) -> Task:
+def task_facts(env_id: str | EnvSource) -> Task:
     """The task's sizes, and early termination as the MuJoCo locomotion envs declare it
     (``terminate_when_unhealthy``: Hopper, Walker2d, Ant, Humanoid; not HalfCheetah, Swimmer)."""
     env = make_env(env_id)
     try:
         ends_early = bool(getattr(env.unwrapped, "_terminate_when_unhealthy", False))
-        return Task(env_id, env.observation_space.shape[0], env.action_space.shape[0], ends_early)
+        return Task(EnvSource.of(env_id).id, env.observation_space.shape[0], env.action_space.shape[0], ends_early)
     finally:
         env.close()
 
 
-def env_spec(env_id: str) -> tuple[TransitionLayout, np.ndarray, np.ndarray]:
+def env_spec(env_id: str | EnvSource) -> tuple[TransitionLayout, np.ndarray, np.ndarray]:
     """(layout, action low, action high) of an environment id."""
     env = make_env(env_id)
     try:
@@ -131,7 +148,7 @@ def env_spec(env_id: str) -> tuple[TransitionLayout, np.ndarray, np.ndarray]:
 class EnvBatch:
     """E environments of one id, stepped one after another in this process."""
 
-    def __init__(self, env_id: str, n: int, seed: int) -> None:
+    def __init__(self, env_id: str | EnvSource, n: int, seed: int) -> None:
         self.envs = [make_env(env_id, seed + i) for i in range(n)]
         space = self.envs[0].action_space
         self.low, self.high = space.low.astype(np.float32), space.high.astype(np.float32)

@@ -13,6 +13,11 @@ class ConfigError(SpreezeError, ValueError):
     """A configuration value is invalid; the message names the key and the value."""
 
 
+class EnvArgumentError(ConfigError):
+    """An environment refused a keyword argument of gymnasium.make (env_kwargs, or a
+    renderer's frame size that a classic-control env does not take)."""
+
+
 class TransportTimeout(SpreezeError, TimeoutError):
     """A blocking wait on a socket ran past its timeout."""
 

@@ -69,7 +69,7 @@ def checkpoint_actor(run_dir: Path, which: str = "best") -> tuple[Config, NumpyA
 
     payload = torch.load(path, weights_only=False)
     cfg = from_dict(payload["config"])
-    layout, low, high = env_spec(cfg.env)
+    layout, low, high = env_spec(cfg.env_source)
     state = {k: v.numpy() for k, v in payload["actor"].items()}
     policy = payload.get("policy") or rebuilt_policy(cfg, layout.obs_dim, low, high)
     return cfg, NumpyActor(policy, state, low, high)
@@ -82,7 +82,7 @@ def evaluate_checkpoint(run_dir: Path, episodes: int, which: str = "best", seed:
     cfg, actor = checkpoint_actor(Path(run_dir), which)
     from spreeze.common.envs import make_env
 
-    env = make_env(cfg.env, seed=seed)
+    env = make_env(cfg.env_source, seed=seed)
     env.reset(seed=seed)
     returns, _ = run_episodes(env, actor, episodes)
     env.close()

@@ -30,8 +30,9 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 
+from spreeze.common.env_source import EnvSource
 from spreeze.common.envs import GL_OFF, is_mujoco, make_env
-from spreeze.common.errors import ConfigError, VideoError
+from spreeze.common.errors import ConfigError, EnvArgumentError, VideoError
 from spreeze.common.numpy_policy import NumpyActor
 
 log = logging.getLogger(__name__)
@@ -111,11 +112,11 @@ def choose_gl() -> GLChoice:
     return _chosen
 
 
-def _render_env(env_id: str, seed: int) -> gym.Env:
+def _render_env(env_id: str | EnvSource, seed: int) -> gym.Env:
     try:
         try:
             return make_env(env_id, seed=seed, render_mode="rgb_array", width=VIDEO_SIZE[0], height=VIDEO_SIZE[1])
-        except TypeError:  # classic-control envs take no frame size
+        except EnvArgumentError:  # classic-control envs take no frame size
             return make_env(env_id, seed=seed, render_mode="rgb_array")
     except ConfigError:
         raise
@@ -124,7 +125,7 @@ def _render_env(env_id: str, seed: int) -> gym.Env:
     raise VideoError(f"{env_id} {reason}")  # outside `except`: no reference to the failed objects
 
 
-def _frame(env: gym.Env, env_id: str) -> np.ndarray:
+def _frame(env: gym.Env, env_id: str | EnvSource) -> np.ndarray:
     try:
         frame = env.render()
     except gym.error.DependencyNotInstalled as exc:
@@ -144,7 +145,7 @@ def _gl_failure(exc: Exception) -> str:
     return f"MUJOCO_GL={os.environ.get('MUJOCO_GL')!r}: {type(exc).__name__}: {exc}; {GL_HINT}"
 
 
-def record_episode(env_id: str, actor: NumpyActor, path: Path, seed: int,
+def record_episode(env_id: str | EnvSource, actor: NumpyActor, path: Path, seed: int,
                    stop: threading.Event | None = None) -> int:
     """Film one deterministic episode into the MP4 `path` (every FRAME_EVERY-th step and the
     last); returns the number of frames. `stop` set: give up at the next frame, no file."""
@@ -202,7 +203,7 @@ class EpisodeRecorder:
     `start` films in a daemon thread of low priority, one video at a time, so evaluations
     go on meanwhile and a shutdown never waits for a video (`stop()` abandons it)."""
 
-    def __init__(self, env_id: str, run_dir: str, every: int, seed: int) -> None:
+    def __init__(self, env_id: str | EnvSource, run_dir: str, every: int, seed: int) -> None:
         if every < 0:
             raise ConfigError(f"eval.video_every={every!r} must be >= 0")
         self.env_id, self.every, self.seed = env_id, every, seed
@@ -211,7 +212,7 @@ class EpisodeRecorder:
             stale.unlink(missing_ok=True)
         self.off_reason = ""  # set when videos cannot be made: no further attempts
         self.backend = ""
-        if every and is_mujoco(env_id):
+        if every and is_mujoco(EnvSource.of(env_id).id):
             chosen = choose_gl()
             self.backend, self.off_reason = chosen.backend, chosen.reason
         self.busy = False  # a video is being filmed

@@ -172,9 +172,11 @@ def train(env: str | None = None, algo: str | None = None, *, total_steps: int |
     resolved = resolve(config, overrides, resume, env=env, algo=algo, total_steps=total_steps,
                        run_dir=None if run_dir is None else str(run_dir), seed=seed,
                        sparse__network=network, time_limit=time_limit, stop_at_return=stop_at_return)
+    from spreeze.common.envs import env_spec
     from spreeze.services.supervisor.start import check_run_dir
 
     cfg = resolved.config
+    env_spec(cfg.env_source)  # an env that cannot be made (id, env_kwargs, env_imports): refused here
     check_run_dir(cfg, resolved.resumed)  # a taken run directory or foreign checkpoints: refused here
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
     spec = yaml.safe_dump({"config": to_dict(cfg), "pinned": sorted(resolved.pinned), "resumed": resolved.resumed},

@@ -94,3 +94,43 @@ def test_a_run_stops_at_a_target_return(tmp_path: Path) -> None:
     for bad in ("nan", "[1]", "true"):
         with pytest.raises(ConfigError, match="stop_at_return"):
             spreeze.train(env="Pendulum-v1", run_dir=tmp_path / "x", overrides=[f"stop_at_return={bad}"])
+
+
+@pytest.mark.timeout(240)
+def test_a_users_registered_env_with_kwargs_trains_in_every_process(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """env_imports registers a user's env in every process, env_kwargs reach gymnasium.make in
+    samplers and evaluator alike (episodes of `horizon` 7 steps in both)."""
+    import json
+
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[1]))  # the user's package, importable
+    run = spreeze.train(env="SpreezeTests/Drift-v0", total_steps=1_200, run_dir=tmp_path / "d", config=SHORT,
+                        overrides=["env_imports=[tests.custom_envs]", 'env_kwargs={"horizon": 7, "target": 0.25}'])
+    rows = [json.loads(line) for line in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in rows if r["kind"] == "eval"]
+    assert evals and all(r["length_mean"] == 7 for r in evals)
+    sampled = [r["episode_length"] for r in rows if r["kind"] == "metrics" and "episode_length" in r]
+    assert sampled and set(sampled) == {7.0}
+    policy = spreeze.load(run.run_dir)
+    assert policy.predict([0.0, 0.25]).shape == (1,)
+
+
+def test_bad_env_kwargs_and_imports_are_refused_by_name(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="env_imports: module 'no_such_pkg.envs' cannot be imported"):
+        spreeze.train(env="Pendulum-v1", run_dir=tmp_path / "a", overrides=["env_imports=[no_such_pkg.envs]"])
+    with pytest.raises(ConfigError, match=r"env='Pendulum-v1' with env_kwargs \{gravity=9.81\} cannot be made"):
+        spreeze.train(env="Pendulum-v1", run_dir=tmp_path / "b", config={"env_kwargs": {"gravity": 9.81}})
+    with pytest.raises(ConfigError, match="env_kwargs=.* must be a mapping"):
+        spreeze.train(env="Pendulum-v1", run_dir=tmp_path / "c", overrides=["env_kwargs=[1, 2]"])
+    with pytest.raises(ConfigError, match="cannot be made"):  # gymnasium's module:EnvId with a missing module
+        spreeze.train(env="no_such_pkg:Thing-v0", run_dir=tmp_path / "d")
+
+
+def test_gymnasiums_module_path_id_makes_a_users_env() -> None:
+    """env=module:EnvId: gymnasium imports the module (which registers the env) and makes it."""
+    from spreeze.common.env_source import EnvSource
+    from spreeze.common.envs import make_env
+
+    env = make_env(EnvSource("tests.custom_envs:SpreezeTests/Drift-v0", (("horizon", 3),)))
+    env.reset(seed=0)
+    assert [env.step(np.zeros(1, np.float32))[3] for _ in range(3)] == [False, False, True]

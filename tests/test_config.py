@@ -16,7 +16,7 @@ pytestmark = pytest.mark.timeout(10)
 def leaves(data: dict[str, Any], prefix: str = "") -> set[str]:
     out: set[str] = set()
     for k, v in data.items():
-        out |= leaves(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}"}
+        out |= leaves(v, f"{prefix}{k}.") if isinstance(v, dict) and v else {f"{prefix}{k}"}  # {}: a mapping key
     return out
 
 

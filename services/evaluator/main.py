@@ -45,9 +45,10 @@ class Evaluator(Service):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         # first: it picks MuJoCo's GL backend (or none), which must be set before any env loads MuJoCo
-        self.videos = EpisodeRecorder(self.cfg.env, self.cfg.run_dir, self.cfg.eval.video_every, self.cfg.seed + 20_000)
+        self.videos = EpisodeRecorder(self.cfg.env_source, self.cfg.run_dir, self.cfg.eval.video_every,
+                                      self.cfg.seed + 20_000)
         self.video_announced = False  # a video_unavailable event went out
-        self.env = make_env(self.cfg.env, seed=self.cfg.seed + 10_000)
+        self.env = make_env(self.cfg.env_source, seed=self.cfg.seed + 10_000)
         self.newest: Weights | None = None
         self.evaluated_version = -1
         self.last_eval_updates = 0

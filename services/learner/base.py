@@ -98,7 +98,7 @@ class LearnerBase(Service):
         super().__init__(*args, **kwargs)
         lc = self.cfg.learner
         torch.set_num_threads(lc.threads)
-        self.layout, self.action_low, self.action_high = env_spec(self.cfg.env)
+        self.layout, self.action_low, self.action_high = env_spec(self.cfg.env_source)
         self.device = device_of(self.device_name())
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)  # streams and CUDA graphs default to this device

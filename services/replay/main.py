@@ -80,7 +80,7 @@ class Replay(Service):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.layout, _, _ = env_spec(self.cfg.env)
+        self.layout, _, _ = env_spec(self.cfg.env_source)
         self.buffer = ReplayBuffer(self.cfg.replay.capacity, self.layout.obs_dim, self.layout.act_dim,
                                    seed=self.cfg.seed + 17,
                                    reject_non_finite=self.cfg.replay.reject_non_finite)

@@ -51,7 +51,7 @@ class Sampler(Service):
         sc = self.cfg.sampler
         seq = service_seed(self.cfg.seed, self.service_id, self.encoder.session)
         self.rng = np.random.default_rng(seq)
-        self.envs = EnvBatch(self.cfg.env, sc.envs_per_sampler, int(seq.generate_state(1)[0] % (1 << 30)))
+        self.envs = EnvBatch(self.cfg.env_source, sc.envs_per_sampler, int(seq.generate_state(1)[0] % (1 << 30)))
         self.layout = self.envs.layout
         self.actor: NumpyActor | None = None
         self.policy: dict[str, Any] = {}  # the acting-policy description self.actor runs
@@ -81,7 +81,7 @@ class Sampler(Service):
         episodes end unreported); the step count goes on."""
         steps = self.envs.steps
         self.envs.close()
-        self.envs = EnvBatch(self.cfg.env, n, int(self.rng.integers(1 << 30)))
+        self.envs = EnvBatch(self.cfg.env_source, n, int(self.rng.integers(1 << 30)))
         self.envs.steps = steps
 
     async def serve(self) -> None:

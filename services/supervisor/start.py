@@ -60,11 +60,11 @@ def planned(cfg: Config, pinned: frozenset[str], hardware: probe.Hardware, resum
     """The config a run starts with on `hardware` and the plan's choices (none for a resumed
     run or with supervisor.auto off; `pinned` keys are kept), checked: env, learner devices,
     budget. `spreeze train` and `spreeze bench e2e` start from it."""
-    layout, _, _ = env_spec(cfg.env)  # refuse unknown or discrete-action envs before anything starts
+    layout, _, _ = env_spec(cfg.env_source)  # refuse unknown or discrete-action envs before anything starts
     if cfg.supervisor.mode != "hub":  # hub: the learners run elsewhere (containers), on their hosts' devices
         cfg = checked_devices(cfg, len(hardware.gpus))  # before the plan: it must not plan on a missing GPU
     auto = cfg.supervisor.auto and not resumed
-    choices = probe.plan(hardware, cfg, pinned, layout.width * 4, task_facts(cfg.env)) if auto else []
+    choices = probe.plan(hardware, cfg, pinned, layout.width * 4, task_facts(cfg.env_source)) if auto else []
     cfg = probe.apply(cfg, choices)
     check_budget(cfg)  # after the plan: it may shorten the warm-up (tasks that end episodes early)
     return cfg, choices

@@ -1,0 +1,36 @@
+"""A user's own environment package, as `env_imports` imports it in every process: importing
+it registers `SpreezeTests/Drift-v0`, a point that the action pushes toward a target."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+
+class Drift(gym.Env[np.ndarray, np.ndarray]):
+    """obs [position, target], action [-1, 1] moves the point by 0.1 x action; reward
+    -|position - target|; an episode lasts `horizon` steps (a keyword argument)."""
+
+    def __init__(self, horizon: int = 50, target: float = 0.5) -> None:
+        self.horizon, self.target = int(horizon), float(target)
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+        self.position, self.t = 0.0, 0
+
+    def _obs(self) -> np.ndarray:
+        return np.array([self.position, self.target], np.float32)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        self.position, self.t = float(self.np_random.uniform(-1.0, 1.0)), 0
+        return self._obs(), {}
+
+    def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict]:
+        self.position += 0.1 * float(np.clip(action[0], -1.0, 1.0))
+        self.t += 1
+        return self._obs(), -abs(self.position - self.target), False, self.t >= self.horizon, {}
+
+
+gym.register("SpreezeTests/Drift-v0", entry_point=Drift)

@@ -22,6 +22,7 @@ MORE = ("More: README.md (start here), the manual in docs/ (docs/index.md; `mkdo
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("spreeze.cli.train", "train an agent with every service as a local process"),
     "eval": ("spreeze.cli.tools", "evaluate a run's best checkpoint"),
+    "export": ("spreeze.cli.tools", "write a run's policy as TorchScript or ONNX, to run without Spreeze"),
     "plot": ("spreeze.cli.tools", "PNG learning curves (mean ± std over several runs) and throughput"),
     "bench": ("spreeze.cli.tools", f"benchmarks: {' | '.join(BENCHES)} (each has --help)"),
     "results": ("spreeze.cli.tools", "train dense | static | ds over seeds, table in results/<env>.md (has --help)"),
@@ -35,6 +36,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 DOCS: dict[str, str] = {
     "train": "docs/training.md, docs/reference/configuration.md",
     "eval": "docs/training.md",
+    "export": "docs/python-api.md",
     "plot": "docs/watching.md",
     "bench": "docs/performance.md",
     "results": "docs/performance.md",

@@ -59,5 +59,26 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return status
 
 
-PARSERS = {"eval": eval_arguments, "plot": plot_arguments, "bench": bench_arguments}
-HANDLERS = {"eval": cmd_eval, "plot": cmd_plot, "bench": cmd_bench}
+def export_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = ("Write a run's policy (best or latest checkpoint) as a file that runs without Spreeze: "
+                     "TorchScript (torch.jit.load) or ONNX (onnxruntime; writing it needs the onnx package). "
+                     "Input: obs, float32 [N, obs_dim]; output: the deterministic action [N, act_dim], "
+                     "observation normalisation inside.")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="run directory of `spreeze train` (its checkpoints/)")
+    p.add_argument("--format", choices=("torchscript", "onnx"), default="torchscript",
+                   help="file format (default torchscript)")
+    p.add_argument("--out", required=True, metavar="FILE", help="the file to write")
+    p.add_argument("--checkpoint", choices=("best", "latest"), default="best", help="which checkpoint (default best)")
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from spreeze.api import export
+
+    path = export(args.run_dir, args.out, args.format, args.checkpoint)
+    print(f"{args.checkpoint} policy of {args.run_dir} written as {args.format}: {path} "
+          f"({path.stat().st_size:,} bytes)")
+    return 0
+
+
+PARSERS = {"eval": eval_arguments, "export": export_arguments, "plot": plot_arguments, "bench": bench_arguments}
+HANDLERS = {"eval": cmd_eval, "export": cmd_export, "plot": cmd_plot, "bench": cmd_bench}

@@ -59,8 +59,10 @@ def rebuilt_policy(cfg: Any, obs_dim: int, low: np.ndarray, high: np.ndarray) ->
     return describe_actor(actor.actor)
 
 
-def checkpoint_actor(run_dir: Path, which: str = "best") -> tuple[Config, NumpyActor]:
-    """A run's config and the numpy actor of its best (or latest) checkpoint."""
+def checkpoint_policy(run_dir: Path, which: str = "best"
+                      ) -> tuple[Config, dict[str, Any], dict[str, np.ndarray], np.ndarray, np.ndarray]:
+    """A run's config and its best (or latest) checkpoint's acting policy: the description,
+    the actor's weights and the action bounds."""
     path = checkpoint_path(Path(run_dir), which)
     import torch
 
@@ -72,6 +74,12 @@ def checkpoint_actor(run_dir: Path, which: str = "best") -> tuple[Config, NumpyA
     layout, low, high = env_spec(cfg.env_source)
     state = {k: v.numpy() for k, v in payload["actor"].items()}
     policy = payload.get("policy") or rebuilt_policy(cfg, layout.obs_dim, low, high)
+    return cfg, policy, state, low, high
+
+
+def checkpoint_actor(run_dir: Path, which: str = "best") -> tuple[Config, NumpyActor]:
+    """A run's config and the numpy actor of its best (or latest) checkpoint."""
+    cfg, policy, state, low, high = checkpoint_policy(run_dir, which)
     return cfg, NumpyActor(policy, state, low, high)
 
 

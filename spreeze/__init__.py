@@ -12,10 +12,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["Policy", "Run", "TrainingError", "load", "train"]
+__all__ = ["Policy", "Run", "TrainingError", "export", "load", "train"]
 
 if TYPE_CHECKING:
-    from spreeze.api import Policy, Run, TrainingError, load, train
+    from spreeze.api import Policy, Run, TrainingError, export, load, train
 
 
 def __getattr__(name: str) -> Any:

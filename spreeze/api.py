@@ -4,6 +4,7 @@
     run = spreeze.train(env="Pendulum-v1", algo="sac", total_steps=20_000, run_dir="runs/p")
     policy = spreeze.load("runs/p")            # best checkpoint; "latest" also works
     action = policy.predict(obs, deterministic=True)
+    spreeze.export("runs/p", "policy.pt")      # TorchScript (or format="onnx"), runs without Spreeze
 
 `train` takes the same config as `spreeze train` (a YAML file or a dict, then key=value
 overrides, then the named arguments) and runs it in a child process with every service,
@@ -229,3 +230,17 @@ def load(run_dir: str | Path, which: str = "best") -> Policy:
 
     cfg, actor = checkpoint_actor(Path(run_dir), which)
     return Policy(actor, cfg, which, Path(run_dir))
+
+
+def export(run_dir: str | Path, out: str | Path, format: str = "torchscript", which: str = "best") -> Path:
+    """Write a run's policy (best or latest checkpoint) to `out` as TorchScript or ONNX: input
+    ``obs`` float32 [N, obs_dim], output the deterministic ``action`` [N, act_dim] within the
+    action bounds, observation normalisation inside. The file runs without Spreeze: plain
+    torch (``torch.jit.load``) or onnxruntime. ONNX needs the ``onnx`` package to write."""
+    from spreeze.common.evaluation import checkpoint_policy
+    from spreeze.common.policy_torch import FORMATS, PolicyModule, export_policy
+
+    if format not in FORMATS:
+        raise ConfigError(f"format={format!r} must be one of {', '.join(FORMATS)}")
+    _, policy, state, low, high = checkpoint_policy(Path(run_dir), which)
+    return export_policy(PolicyModule(policy, state, low, high), Path(out), format)

@@ -46,6 +46,17 @@ def test_train_load_predict_matches_spreeze_eval(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"obs of shape \(4,\): expected \[3\]"):
         policy.predict(np.zeros(4))
     assert run.policy("latest").act_dim == 1
+    # the same policy leaves the library: `spreeze export` (the CLI over spreeze.export), plain torch
+    import subprocess
+    import sys
+
+    import torch
+    done = subprocess.run([sys.executable, "-m", "spreeze.cli", "export", str(run.run_dir), "--out",
+                           str(tmp_path / "p.pt")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "written as torchscript" in done.stdout, done.stdout + done.stderr
+    obs_batch = np.array([[1.0, 0.0, 0.5], [0.0, 1.0, -3.0]], np.float32)
+    exported = torch.jit.load(str(tmp_path / "p.pt"))(torch.from_numpy(obs_batch))
+    np.testing.assert_allclose(exported.detach().numpy(), policy.predict(obs_batch), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.timeout(240)

@@ -13,7 +13,7 @@ from start to the first evaluation. Prints each variant's medians and its ratios
 
     spreeze bench containers [--steps 12000] [--repeats 2] [--variants compose compose-nohc swarm] [--json F]
 
-Needs a Docker engine and the images (built first, as README "Building without a package index
+Needs a Docker engine and the images (built first, as docs/containers.md "Building without a package index
 or registry" says); swarm needs an active swarm, or makes one on loopback and leaves it after.
 """
 

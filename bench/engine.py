@@ -1,6 +1,6 @@
 """The local Docker engine, driven through its command line: shared by `bench containers` and the
 real-path tests. Images come from docker/base.sh, docker/wheelhouse.sh and the compose file's
-build (README "Building without a package index or registry")."""
+build (docs/containers.md, "Building without a package index or registry")."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@
 #      with CUDA graphs on and off (learner.cuda_graphs=false: compiled kernels only);
 #   2. sampling-only throughput with one sampler process per core but one;
 #   3. the whole system training with the fused learner on the GPU.
-# Needs the CUDA build of torch (README, "GPU install"). Results: JSON files in $OUT (default
+# Needs the CUDA build of torch (README.md, "GPU install"). Results: JSON files in $OUT (default
 # ./gpu-results) and the tables on stdout.
 #
 #   bash bench/gpu.sh

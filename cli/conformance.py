@@ -18,7 +18,7 @@ def conformance_arguments(p: argparse.ArgumentParser) -> None:
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.add_argument("role", choices=("replay", "sampler"), help="the role of the service under test")
     p.add_argument("endpoint", help="ipc://PATH or tcp://HOST:PORT the kit binds as the supervisor's control "
-                                    "socket (its other sockets: beside it; README.md, Remote samplers)")
+                                    "socket (its other sockets: beside it; docs/remote-samplers.md)")
     p.add_argument("--timeout", type=positive_float, default=60.0,
                    help="seconds to wait for the service to register (default 60)")
     p.add_argument("--run-dir", default="", help="replay: run directory given in the welcome (default: a temp dir)")

@@ -167,7 +167,7 @@ class SupervisorConfig:
     keys: str = ""  # CURVE key directory (`spreeze keys`): tcp-facing sockets then admit authorized keys only
     remote_patience: float = 600.0  # seconds a service reached over tcp:// waits out a silent supervisor
     transport: str = "ipc"  # ipc: sockets in a run-private directory (one host) | tcp: every socket on tcp:// (Swarm)
-    tcp_port: int = 5555  # transport=tcp: first of 8 ports, one per socket (control first; see README Multi-host)
+    tcp_port: int = 5555  # transport=tcp: first of 8 ports, one per socket (control first; see docs/containers.md, Multi-host)
     tcp_hosts: str = ""  # transport=tcp: role=HOST pairs, comma separated ("all=HOST": every role); default: the role's name
 
     def validate(self) -> None:

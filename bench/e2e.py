@@ -41,6 +41,7 @@ from spreeze.services.supervisor.probe import probe
 from spreeze.services.supervisor.processes import roster
 from spreeze.services.supervisor.start import planned
 from spreeze.services.supervisor.progress import Progress
+from spreeze.proto.names import LEARNER_ROLES
 
 HUGE = 10 ** 15  # total_steps: never reached
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -86,8 +87,10 @@ def learner_service(cfg: Config) -> str:
 
 
 def measure_run(cfg: Config, seconds: float, settle: float) -> dict[str, Any]:
-    """One window of the full system, `settle` seconds after the first update (the learner
-    first works off the slack the rate limiter allows past the warm-up); the table's numbers."""
+    """One window of the full system in its steady state: `settle` seconds after the first
+    update (the learner first works off the slack the rate limiter allows past the warm-up)
+    with every learner done compiling (while one compiles in the background it updates
+    eagerly and a cold compile may hold up its metrics); the table's numbers."""
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
     cpu = CpuWindow()
     first_update: list[float] = []
@@ -95,7 +98,8 @@ def measure_run(cfg: Config, seconds: float, settle: float) -> dict[str, Any]:
     def ready(p: Progress) -> bool:
         if p.updates > 0 and not first_update:
             first_update.append(time.monotonic())
-        return bool(first_update) and time.monotonic() - first_update[0] >= settle
+        compiling = any(v.get("compiling") for sid, v in p.latest.items() if sid.split("-")[0] in LEARNER_ROLES)
+        return bool(first_update) and time.monotonic() - first_update[0] >= settle and not compiling
 
     rows, stop_at = measure(cfg, roster(cfg), ready, seconds, on_window=cpu)
     steps = rate(rows, "replay", "inserted", stop_at, also=("insert_stall_s", "sample_stall_s"), since=cpu.opened)

@@ -22,7 +22,7 @@ import yaml
 
 from spreeze.common.algorithms import ALGOS, Algorithm, algorithm
 from spreeze.common.errors import ConfigError
-from spreeze.common.env_source import EnvSource
+from spreeze.common.env_source import EnvSource, parse_wrappers
 from spreeze.common.sparse_config import SparseConfig
 from spreeze.common.transport import ROLES, tcp_port
 from spreeze.proto.names import ROLES as SERVICE_ROLES
@@ -217,6 +217,7 @@ class Config:
     env: str = "HalfCheetah-v5"  # gymnasium environment id (continuous actions), or gymnasium's module:EnvId
     env_kwargs: dict[str, Any] = field(default_factory=dict)  # keyword arguments of gymnasium.make(env, ...), the same in samplers, evaluator and videos
     env_imports: tuple[str, ...] = ()  # modules every process imports before making the env (a package that registers its envs)
+    env_wrappers: tuple[Any, ...] = ()  # wrappers around the env, innermost first: a name (gymnasium.wrappers' ClipAction, or module:Class) or {name: {keyword: value}}
     algo: str = "td3"  # td3 | sac | a module path whose module defines ALGORITHM (its section: ALGORITHM.name)
     seed: int = 0  # base seed; each service derives its own
     total_steps: int = 100_000  # env steps budget; the run stops when replay has seen this many
@@ -235,8 +236,9 @@ class Config:
 
     @property
     def env_source(self) -> EnvSource:
-        """How every process makes the run's environment (id, env_kwargs, env_imports)."""
-        return EnvSource(self.env, tuple(sorted(self.env_kwargs.items())), self.env_imports)
+        """How every process makes the run's environment (id, env_kwargs, env_imports, env_wrappers)."""
+        return EnvSource(self.env, tuple(sorted(self.env_kwargs.items())), self.env_imports,
+                         parse_wrappers(self.env_wrappers))
 
     def validate(self) -> None:
         spec = _algorithm(self.algo)
@@ -249,6 +251,7 @@ class Config:
             raise ConfigError(f"stop_at_return={self.stop_at_return!r} must be a finite number or null")
         if not self.env:
             raise ConfigError("env='' must name a gymnasium environment id")
+        parse_wrappers(self.env_wrappers)
         sections = [getattr(self, f.name) for f in dataclasses.fields(self)] + list(self.algorithms.values())
         for value in sections:
             if dataclasses.is_dataclass(value):
@@ -401,6 +404,10 @@ def _coerce(hint: Any, value: Any, key: str) -> Any:
     if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return build(hint, value, key + ".")
     origin = typing.get_origin(hint)
+    if origin is tuple and typing.get_args(hint)[0] is Any:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}={value!r:.80} must be a list")
+        return tuple(value)
     if origin is tuple:
         return _coerce_tuple(typing.get_args(hint)[0], value, key)
     if origin is dict:

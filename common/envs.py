@@ -85,9 +85,40 @@ def import_env_modules(modules: tuple[str, ...]) -> None:
                               "installed (or on PYTHONPATH) where every service runs?") from None
 
 
+def wrapper_class(name: str) -> type[gym.Wrapper]:
+    """A wrapper of ``env_wrappers`` by name: gymnasium.wrappers' own (``ClipAction``) or a
+    user's (``my_package.wrappers:ActionRepeat``); ConfigError naming what is not there."""
+    module_name, sep, attr = name.rpartition(":")
+    module_name = module_name if sep else "gymnasium.wrappers"
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"env_wrappers: {name!r}: module {module_name!r} cannot be imported ({exc}); is its "
+                          "package installed (or on PYTHONPATH) where every service runs?") from None
+    found = getattr(module, attr, None)
+    if not (isinstance(found, type) and issubclass(found, gym.Wrapper)):
+        raise ConfigError(f"env_wrappers: {name!r} is not a gymnasium wrapper class ({module_name} has "
+                          f"{'no ' + attr if found is None else repr(found)})")
+    return found
+
+
+def wrap(env: gym.Env, src: EnvSource) -> gym.Env:
+    """Put the source's wrappers around `env`, innermost first; a keyword a wrapper does not
+    take is an EnvArgumentError naming it."""
+    for spec in src.wrappers:
+        cls = wrapper_class(spec.name)
+        try:
+            env = cls(env, **dict(spec.kwargs))
+        except TypeError as exc:
+            env.close()
+            raise EnvArgumentError(f"env_wrappers: {spec.describe()} cannot wrap {src.describe()}: {exc}") from None
+    return env
+
+
 def make_env(env: str | EnvSource, seed: int | None = None, **kwargs: object) -> gym.Env:
     """gym.make with a clear error for unknown ids, bad keyword arguments and non-continuous
-    action spaces. ``kwargs`` (rendering) go with the source's own env_kwargs."""
+    action spaces; then the source's wrappers (config ``env_wrappers``). ``kwargs``
+    (rendering) go with the source's own env_kwargs."""
     src = EnvSource.of(env)
     import_env_modules(src.imports)
     if is_mujoco(src.id):
@@ -100,14 +131,15 @@ def make_env(env: str | EnvSource, seed: int | None = None, **kwargs: object) ->
     except (gym.error.Error, ValueError, ImportError) as exc:
         # an unknown id, a bad argument value, a module of gymnasium's module:EnvId that is not there
         raise ConfigError(f"{src.describe()} cannot be made: {exc}") from None
+    made = wrap(made, src)
     space = made.action_space
     if not isinstance(space, gym.spaces.Box) or len(space.shape) != 1:
         made.close()
         raise ConfigError(f"env={src.id!r} has action space {space}, Spreeze needs a 1-D Box")
     if len(made.observation_space.shape or ()) != 1:
         made.close()
-        raise ConfigError(f"env={src.id!r} has observation space {made.observation_space}, "
-                          "Spreeze needs a flat Box")
+        raise ConfigError(f"env={src.id!r} has observation space {made.observation_space}, Spreeze needs a "
+                          "flat Box (env_wrappers=[FlattenObservation] flattens a Dict or a multi-dimensional Box)")
     if seed is not None:
         made.action_space.seed(seed)
     return made

@@ -34,3 +34,21 @@ class Drift(gym.Env[np.ndarray, np.ndarray]):
 
 
 gym.register("SpreezeTests/Drift-v0", entry_point=Drift)
+
+
+class Truncate(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray]):
+    """A user's wrapper, as `env_wrappers` names it (`tests.custom_envs:Truncate`): episodes end
+    (truncated) after `steps` steps."""
+
+    def __init__(self, env: gym.Env, steps: int) -> None:
+        super().__init__(env)
+        self.steps, self.t = int(steps), 0
+
+    def reset(self, **kwargs: Any) -> tuple[np.ndarray, dict]:
+        self.t = 0
+        return self.env.reset(**kwargs)
+
+    def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict]:
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.t += 1
+        return obs, float(reward), terminated, truncated or self.t >= self.steps, info

@@ -110,18 +110,20 @@ def test_a_run_stops_at_a_target_return(tmp_path: Path) -> None:
 @pytest.mark.timeout(240)
 def test_a_users_registered_env_with_kwargs_trains_in_every_process(tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """env_imports registers a user's env in every process, env_kwargs reach gymnasium.make in
-    samplers and evaluator alike (episodes of `horizon` 7 steps in both)."""
+    """env_imports registers a user's env in every process, env_kwargs reach gymnasium.make and
+    env_wrappers wrap it in samplers and evaluator alike (`horizon` 7, cut at 5 steps by the
+    user's Truncate wrapper, in both)."""
     import json
 
     monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[1]))  # the user's package, importable
     run = spreeze.train(env="SpreezeTests/Drift-v0", total_steps=1_200, run_dir=tmp_path / "d", config=SHORT,
-                        overrides=["env_imports=[tests.custom_envs]", 'env_kwargs={"horizon": 7, "target": 0.25}'])
+                        overrides=["env_imports=[tests.custom_envs]", 'env_kwargs={"horizon": 7, "target": 0.25}',
+                                   'env_wrappers=[{"tests.custom_envs:Truncate": {"steps": 5}}]'])
     rows = [json.loads(line) for line in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in rows if r["kind"] == "eval"]
-    assert evals and all(r["length_mean"] == 7 for r in evals)
+    assert evals and all(r["length_mean"] == 5 for r in evals)
     sampled = [r["episode_length"] for r in rows if r["kind"] == "metrics" and "episode_length" in r]
-    assert sampled and set(sampled) == {7.0}
+    assert sampled and set(sampled) == {5.0}
     policy = spreeze.load(run.run_dir)
     assert policy.predict([0.0, 0.25]).shape == (1,)
 

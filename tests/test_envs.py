@@ -9,8 +9,10 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
+from spreeze.common.config import load_config
+from spreeze.common.env_source import EnvSource, WrapperSpec
 from spreeze.common.envs import EnvBatch, env_spec, make_env
-from spreeze.common.errors import ConfigError
+from spreeze.common.errors import ConfigError, EnvArgumentError
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -20,6 +22,52 @@ def test_make_env_refuses_unknown_ids_and_discrete_actions() -> None:
         make_env("NoSuchEnv-v9")
     with pytest.raises(ConfigError, match="CartPole-v1.*1-D Box"):
         make_env("CartPole-v1")
+
+
+def test_env_wrappers_from_config_wrap_innermost_first() -> None:
+    """FrameStackObservation makes a [2, 3] observation, FlattenObservation then a flat 6: in
+    the other order the observation is not flat and the env is refused by name."""
+    cfg = load_config(overrides=["env=Pendulum-v1",
+                                 'env_wrappers=[{FrameStackObservation: {stack_size: 2}}, FlattenObservation]'])
+    assert cfg.env_source.wrappers == (WrapperSpec("FrameStackObservation", (("stack_size", 2),)),
+                                       WrapperSpec("FlattenObservation"))
+    layout, _, _ = env_spec(cfg.env_source)
+    assert layout.obs_dim == 6
+    env = make_env(cfg.env_source, seed=0)
+    first, _ = env.reset(seed=0)
+    second = env.step(np.zeros(1, np.float32))[0]
+    assert np.array_equal(second[:3], first[3:])  # the older frame first
+    reversed_order = EnvSource("Pendulum-v1", wrappers=(WrapperSpec("FlattenObservation"),
+                                                        WrapperSpec("FrameStackObservation", (("stack_size", 2),))))
+    with pytest.raises(ConfigError, match=r"needs a flat Box \(env_wrappers=\[FlattenObservation\]"):
+        make_env(reversed_order)
+
+
+def test_a_users_wrapper_by_module_path() -> None:
+    src = EnvSource("tests.custom_envs:SpreezeTests/Drift-v0", wrappers=(
+        WrapperSpec("tests.custom_envs:Truncate", (("steps", 2),)),))
+    env = make_env(src)
+    env.reset(seed=0)
+    assert [env.step(np.zeros(1, np.float32))[3] for _ in range(2)] == [False, True]
+
+
+@pytest.mark.parametrize(("wrappers", "error", "match"), [
+    ("[NoSuchWrapper]", ConfigError, "env_wrappers: 'NoSuchWrapper' is not a gymnasium wrapper class "
+                                     "\\(gymnasium.wrappers has no NoSuchWrapper\\)"),
+    ("[no_such_pkg:Wrap]", ConfigError, "env_wrappers: 'no_such_pkg:Wrap': module 'no_such_pkg' cannot be imported"),
+    ("[numpy:ndarray]", ConfigError, "'numpy:ndarray' is not a gymnasium wrapper class"),
+    ("[{ClipAction: {low: 1}}]", EnvArgumentError, r"env_wrappers: ClipAction\(low=1\) cannot wrap env='Pendulum-v1'"),
+])
+def test_bad_wrappers_are_refused_by_name(wrappers: str, error: type[Exception], match: str) -> None:
+    cfg = load_config(overrides=["env=Pendulum-v1", f"env_wrappers={wrappers}"])
+    with pytest.raises(error, match=match):
+        make_env(cfg.env_source)
+
+
+@pytest.mark.parametrize("bad", ["ClipAction", "[{}]", "[{a: 1, b: 2}]", "[3]", "[{ClipAction: [1]}]", "['']"])
+def test_malformed_env_wrappers_are_config_errors(bad: str) -> None:
+    with pytest.raises(ConfigError, match="env_wrappers"):
+        load_config(overrides=["env=Pendulum-v1", f"env_wrappers={bad}"])
 
 
 def test_env_spec_of_pendulum() -> None:

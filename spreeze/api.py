@@ -24,13 +24,16 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import yaml
 
 from spreeze.common.config import Config, given_keys, load_config, parse_override, to_dict
 from spreeze.common.errors import ConfigError
+
+if TYPE_CHECKING:
+    from spreeze.common.policy_torch import Exported
 
 RESUMABLE_KEYS = ("total_steps", "time_limit", "stop_at_return", "supervisor.listen",
                   "supervisor.keys")  # budget and where it listens
@@ -232,15 +235,23 @@ def load(run_dir: str | Path, which: str = "best") -> Policy:
     return Policy(actor, cfg, which, Path(run_dir))
 
 
-def export(run_dir: str | Path, out: str | Path, format: str = "torchscript", which: str = "best") -> Path:
+def export(run_dir: str | Path, out: str | Path, format: str = "torchscript", which: str = "best",
+           timed: bool = False) -> Exported:
     """Write a run's policy (best or latest checkpoint) to `out` as TorchScript or ONNX: input
     ``obs`` float32 [N, obs_dim], output the deterministic ``action`` [N, act_dim] within the
     action bounds, observation normalisation inside. The file runs without Spreeze: plain
-    torch (``torch.jit.load``) or onnxruntime. ONNX needs the ``onnx`` package to write."""
+    torch (``torch.jit.load``) or onnxruntime. ONNX needs the ``onnx`` package to write, and
+    stores the weight matrices of a sparse run as their non-zeros.
+
+    Returns what was written (``.path``, ``.bytes``, ``.dense_bytes``, ``.zeros``); with
+    ``timed=True`` also the cost of one action through the file and through the same policy
+    stored dense (``.seconds_per_action``, ``.dense_seconds_per_action``)."""
     from spreeze.common.evaluation import checkpoint_policy
-    from spreeze.common.policy_torch import FORMATS, PolicyModule, export_policy
+    from spreeze.common.policy_torch import FORMATS, PolicyModule, export_policy, timed as with_times
 
     if format not in FORMATS:
         raise ConfigError(f"format={format!r} must be one of {', '.join(FORMATS)}")
     _, policy, state, low, high = checkpoint_policy(Path(run_dir), which)
-    return export_policy(PolicyModule(policy, state, low, high), Path(out), format)
+    module = PolicyModule(policy, state, low, high)
+    exported = export_policy(module, Path(out), format)
+    return with_times(module, exported, format) if timed else exported

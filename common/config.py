@@ -92,6 +92,7 @@ class LearnerConfig:
     checkpoint_every_s: float = 60.0  # seconds between learner state checkpoints
     compile: bool = True  # torch.compile the update steps (compiled during the random warm-up); false = the eager reference
     cuda_graphs: bool = True  # on CUDA, capture each compiled step as a CUDA graph (one launch per update)
+    obs_norm: bool = False  # normalise observations by the running mean and variance of every one stored (replay's); the actor carries them to samplers, checkpoints and exports
     compile_cache: str = "user"  # compiled kernels on disk: user (~/.cache/spreeze, shared by runs) | run (run_dir) | a directory
 
     def validate(self) -> None:

@@ -14,11 +14,45 @@ import torch
 
 from spreeze.common.algorithms.base import Batch
 from spreeze.common.errors import ConfigError, PeerError, TransportTimeout
+from spreeze.common.running_stats import OBS_NORM_CLIP, OBS_NORM_EPS
 from spreeze.common.transport import Channel
 from spreeze.proto.messages import Error, SampledBatch, SampleRequest, TransitionLayout
 
 # Frames from the wire may be read-only; the learner never writes into a batch.
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+
+
+class ObsNormalizer:
+    """``clip((obs - mean) / sqrt(var + eps), -clip, clip)`` with the newest observation
+    statistics replay sent (common/running_stats.py); mean 0 and variance 1 until then."""
+
+    def __init__(self, obs_dim: int, device: torch.device) -> None:
+        self.count = 0
+        self.mean = torch.zeros(obs_dim, device=device)
+        self.var = torch.ones(obs_dim, device=device)
+        self.inv_std = torch.ones(obs_dim, device=device)
+
+    def take(self, msg: SampledBatch) -> None:
+        """The statistics of a reply, when it carries newer ones."""
+        if not msg.obs_stats or msg.obs_count <= self.count:
+            return
+        self.count = msg.obs_count
+        self.mean.copy_(torch.from_numpy(msg.obs_stats["mean"]))
+        self.var.copy_(torch.from_numpy(msg.obs_stats["var"]))
+        self.inv_std.copy_(torch.rsqrt(self.var + OBS_NORM_EPS))
+
+    def __call__(self, obs: torch.Tensor) -> torch.Tensor:
+        return ((obs - self.mean) * self.inv_std).clamp_(-OBS_NORM_CLIP, OBS_NORM_CLIP)
+
+    def state(self) -> dict[str, Any]:
+        """What the actor's weights carry (``obs_norm.mean``, ``obs_norm.var``) and checkpoints keep."""
+        return {"count": self.count, "mean": self.mean.cpu().numpy().copy(), "var": self.var.cpu().numpy().copy()}
+
+    def load(self, state: dict[str, Any]) -> None:
+        self.count = int(state["count"])
+        self.mean.copy_(torch.as_tensor(state["mean"]))
+        self.var.copy_(torch.as_tensor(state["var"]))
+        self.inv_std.copy_(torch.rsqrt(self.var + OBS_NORM_EPS))
 
 
 class BatchStream:
@@ -32,11 +66,15 @@ class BatchStream:
     On CPU the tensor is a view of the received frame (no copy); on CUDA one pinned
     host-to-device copy per request, then the columns are views of the device matrix.
     When replay restarts (the socket reconnects) the requests it held are gone: ask again.
+    With `normalizer` the requests ask for replay's observation statistics and each batch's
+    ``obs`` and ``next_obs`` are normalised with the newest (new tensors: frames stay as sent).
     """
 
     def __init__(self, channel: Channel, layout: TransitionLayout, batch_size: int,
-                 prefetch: int, device: torch.device, per_request: int = 1) -> None:
+                 prefetch: int, device: torch.device, per_request: int = 1,
+                 normalizer: ObsNormalizer | None = None) -> None:
         self.channel, self.layout, self.device = channel, layout, device
+        self.normalizer = normalizer
         self.batch_size, self.prefetch, self.per_request = batch_size, prefetch, per_request
         self.next_id = 0
         self.in_flight = 0
@@ -53,7 +91,8 @@ class BatchStream:
         while self.in_flight < self.prefetch:
             self.next_id += 1
             self.asked[self.next_id] = self.batch_size * self.per_request
-            await self.channel.send(SampleRequest(self.next_id, self.batch_size * self.per_request))
+            await self.channel.send(SampleRequest(self.next_id, self.batch_size * self.per_request,
+                                                  obs_stats=self.normalizer is not None))
             self.in_flight += 1
 
     async def next(self, stop: asyncio.Event) -> Batch | None:
@@ -91,7 +130,10 @@ class BatchStream:
                 continue  # the rest of a reply asked for at another batch size
             if len(rows) > self.batch_size:
                 self.ready.appendleft(rows[self.batch_size:])
-            return self.layout.columns(rows[:self.batch_size])  # type: ignore[return-value]
+            batch: Batch = self.layout.columns(rows[:self.batch_size])  # type: ignore[assignment]
+            if self.normalizer is not None:
+                batch["obs"], batch["next_obs"] = self.normalizer(batch["obs"]), self.normalizer(batch["next_obs"])
+            return batch
         return None
 
     def to_rows(self, msg: SampledBatch) -> torch.Tensor | None:
@@ -101,6 +143,8 @@ class BatchStream:
             return None  # a reply to a request made before replay restarted: asked again since
         if len(m) != asked:
             raise PeerError(f"replay answered request {msg.request_id} with {len(m)} rows, expected {asked}")
+        if self.normalizer is not None:
+            self.normalizer.take(msg)
         if self.device.type != "cpu":
             m = m.pin_memory().to(self.device, non_blocking=True)
         return m

@@ -16,6 +16,7 @@ from torch import nn
 from spreeze.common.errors import PolicyExportError, PolicyFormatError
 from spreeze.common.networks import PolicyOps, join
 from spreeze.common.policy_program import FORMAT, parse
+from spreeze.common.running_stats import OBS_NORM_CLIP, OBS_NORM_EPS, OBS_NORM_KEYS
 
 
 def _linear(m: nn.Module, path: str) -> PolicyOps:
@@ -75,3 +76,12 @@ def describe_actor(actor: nn.Module, exploration_noise: float = 0.0) -> dict[str
         return parse({"format": FORMAT, "ops": ops}).to_dict()
     except PolicyFormatError as exc:
         raise PolicyExportError(f"{type(actor).__name__} describes no valid acting policy: {exc}") from exc
+
+
+def with_obs_norm(policy: dict[str, Any]) -> dict[str, Any]:
+    """`policy` acting on observations normalised first (``learner.obs_norm``): an ``obs_norm``
+    op over the weights ``obs_norm.mean`` and ``obs_norm.var`` that the learner sends with it
+    (common/running_stats.py)."""
+    first = {"op": "obs_norm", "mean": OBS_NORM_KEYS[0], "var": OBS_NORM_KEYS[1], "eps": OBS_NORM_EPS,
+             "clip": OBS_NORM_CLIP}
+    return parse({"format": policy["format"], "ops": [first, *policy["ops"]]}).to_dict()

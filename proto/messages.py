@@ -18,7 +18,7 @@ import numpy as np
 from spreeze.proto.codec import Encoder, Envelope
 from spreeze.proto.errors import SchemaError, UnknownTypeError
 
-SPEC_VERSION = "1.5"  # proto/SPEC.md document version; wire major version is codec.PROTOCOL_VERSION
+SPEC_VERSION = "1.6"  # proto/SPEC.md document version; wire major version is codec.PROTOCOL_VERSION
 
 ArrayMap = dict[str, np.ndarray]
 
@@ -148,6 +148,7 @@ class SampleRequest(Message):
     TYPE: ClassVar[str] = "sample_request"
     request_id: int
     batch_size: int
+    obs_stats: bool = False  # also send the statistics of every observation stored (learner.obs_norm)
 
     def check(self) -> None:
         if self.batch_size <= 0:
@@ -165,9 +166,19 @@ class SampledBatch(Message):
     act_dim: int
     replay_size: int = 0  # transitions stored when sampled
     inserted: int = 0  # transitions ever inserted (env steps seen by replay)
+    obs_count: int = 0  # observations the statistics are over (when the request asked for them)
+    obs_stats: ArrayMap = field(default_factory=dict)  # "mean", "var": float32 [obs_dim] of every observation stored
 
     def check(self) -> None:
         _check_transitions(self)
+        if self.obs_stats:
+            for key in ("mean", "var"):
+                arr = self.obs_stats.get(key)
+                if arr is None or arr.shape != (self.obs_dim,) or arr.dtype != np.float32:
+                    raise SchemaError(f"sampled_batch.obs_stats/{key} must be float32 [{self.obs_dim}], got "
+                                      f"{None if arr is None else (arr.dtype.name, arr.shape)}")
+            if self.obs_count < 0 or not np.all(self.obs_stats["var"] >= 0):
+                raise SchemaError("sampled_batch.obs_stats: obs_count and var must be >= 0")
 
 
 @dataclass(slots=True)

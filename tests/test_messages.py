@@ -55,9 +55,11 @@ SAMPLES: dict[str, Callable[[], Message]] = {
     "experience": lambda: Experience(transitions(256), OBS, ACT, env_steps=4096, actor_version=2,
                                      episode_returns=[1.5, -3.25], episode_lengths=[1000, 17]),
     "experience_ack": lambda: ExperienceAck(batch=12, status="stored", stored=12, durable=8),
-    "sample_request": lambda: SampleRequest(request_id=9, batch_size=256),
+    "sample_request": lambda: SampleRequest(request_id=9, batch_size=256, obs_stats=True),
     "sampled_batch": lambda: SampledBatch(9, transitions(256), OBS, ACT, replay_size=10**6,
-                                          inserted=2 * 10**6),
+                                          inserted=2 * 10**6, obs_count=2 * 10**6,
+                                          obs_stats={"mean": np.linspace(-1, 1, OBS, dtype=np.float32),
+                                                     "var": np.linspace(0, 3, OBS, dtype=np.float32)}),
     "weights": sparse_weights,
     "metrics": lambda: Metrics("replay", {"inserted": 5, "rate": 1.5e6, "state": "ok"}),
     "eval_result": lambda: EvalResult(4, 10**5, 10**4, 1234.5, 12.25, 1000.0, 10, [1200.0, 1269.0]),
@@ -103,7 +105,7 @@ def assert_same(a: Message, b: Message) -> None:
         if isinstance(x, np.ndarray):
             assert x.dtype == y.dtype and x.shape == y.shape, f.name
             np.testing.assert_array_equal(x, y, err_msg=f.name)
-        elif f.name in ("dense", "idx", "val"):
+        elif isinstance(x, dict) and f.name in ("dense", "idx", "val", "obs_stats"):
             assert x.keys() == y.keys(), f.name
             for k in x:
                 assert x[k].dtype == y[k].dtype and x[k].shape == y[k].shape, f"{f.name}/{k}"
@@ -266,3 +268,14 @@ def test_random_steps_default_and_range(random_steps: int, actor_version: int, r
     for bad in (5, -2):
         with pytest.raises(SchemaError, match=f"random_steps={bad} must be in 0..4"):
             from_envelope(decode(as_bytes(to_frames(Experience(m, OBS, ACT, 4, random_steps=bad), Encoder("s")))))
+
+
+@pytest.mark.parametrize(("stats", "match"), [
+    ({"mean": np.zeros(OBS, np.float32)}, "obs_stats/var must be float32"),
+    ({"mean": np.zeros(OBS + 1, np.float32), "var": np.ones(OBS, np.float32)}, "obs_stats/mean must be float32"),
+    ({"mean": np.zeros(OBS, np.float64), "var": np.ones(OBS, np.float32)}, "obs_stats/mean must be float32"),
+    ({"mean": np.zeros(OBS, np.float32), "var": -np.ones(OBS, np.float32)}, "var must be >= 0"),
+])
+def test_sampled_batch_obs_stats_are_checked(stats: dict[str, np.ndarray], match: str) -> None:
+    with pytest.raises(SchemaError, match=match):
+        SampledBatch(1, transitions(4), OBS, ACT, obs_count=4, obs_stats=stats).check()

@@ -263,6 +263,18 @@ class ReplayKit:
             r.check("§4.3 sampled rows are rows that were stored (none refused, none invented)",
                     all(row.tobytes() in self.stored_rows for row in sb.transitions),
                     "a row not sent in a stored batch")
+        learner.send(SampleRequest(44, 16, obs_stats=True))
+        got = self.wait(learner, lambda g: isinstance(g.msg, (SampledBatch, Error)), 5)
+        sb = got.msg if got is not None else None
+        stored = np.frombuffer(b"".join(self.stored_rows), np.float32).reshape(-1, LAYOUT.width)
+        obs = LAYOUT.columns(stored)["obs"].astype(np.float64)
+        r.check("§4.3 (1.6) obs_stats asked: the mean and variance of every stored row's obs, or none (obs_count 0)",
+                isinstance(sb, SampledBatch) and sb.request_id == 44 and (
+                    (sb.obs_count == 0 and not sb.obs_stats) or (
+                        sb.obs_count == len(obs) and np.allclose(sb.obs_stats["mean"], obs.mean(0), atol=1e-5)
+                        and np.allclose(sb.obs_stats["var"], obs.var(0), atol=1e-5))),
+                f"got {(sb.obs_count, sb.obs_stats) if isinstance(sb, SampledBatch) else sb!r:.300}, "
+                f"stored {len(obs)} rows")
         learner.send(SampleRequest(42, CAPACITY + 1))
         seq = learner.encoder.seq
         got = self.wait(learner, lambda g: isinstance(g.msg, (SampledBatch, Error)), 5)

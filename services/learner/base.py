@@ -44,8 +44,9 @@ from spreeze.common.checkpoint_spec import check_made_for, made_for, write_sidec
 from spreeze.common.config import with_learner_setting
 from spreeze.common.errors import ConfigError
 from spreeze.common.envs import env_spec
-from spreeze.common.learner_io import BatchStream, atomic_save, checkpoint_dir, device_of
-from spreeze.common.policy_export import describe_actor
+from spreeze.common.learner_io import BatchStream, ObsNormalizer, atomic_save, checkpoint_dir, device_of
+from spreeze.common.policy_export import describe_actor, with_obs_norm
+from spreeze.common.running_stats import OBS_NORM_KEYS
 from spreeze.common.service import Service, abandonable_thread
 from spreeze.common.weights import WeightsPublisher, weights_message
 
@@ -102,8 +103,9 @@ class LearnerBase(Service):
         self.device = device_of(self.device_name())
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)  # streams and CUDA graphs default to this device
+        self.normalizer = ObsNormalizer(self.layout.obs_dim, self.device) if lc.obs_norm else None
         self.batches = BatchStream(self.channel("sample", binding=False), self.layout, lc.batch_size,
-                                   lc.prefetch, self.device, lc.batches_per_request)
+                                   lc.prefetch, self.device, lc.batches_per_request, self.normalizer)
         self.last_metrics = self.last_checkpoint = time.monotonic()
         self.metrics_updates = 0
         self.losses: dict[str, float] = {}
@@ -303,6 +305,11 @@ class LearnerBase(Service):
         if net == "actor" and self.actor_policy is None:
             noise = self.cfg.algorithm.exploration_noise(self.cfg.algo_config)
             self.actor_policy = describe_actor(actor.actor, noise)
+            if self.normalizer is not None:  # the actor acts on what the learner trains it on
+                self.actor_policy = with_obs_norm(self.actor_policy)
+        if net == "actor" and self.normalizer is not None:
+            stats = self.normalizer.state()
+            state = {**state, OBS_NORM_KEYS[0]: stats["mean"], OBS_NORM_KEYS[1]: stats["var"]}
         pub.publish(weights_message(net, actor.updates, actor.updates * actor.policy_delay, state,
                                     sparse, extras, self.actor_policy if net == "actor" else None))
 
@@ -344,7 +351,8 @@ class LearnerBase(Service):
         return checkpoint_dir(self.cfg.run_dir) / f"{self.ROLE}.pt"
 
     def checkpoint(self) -> None:
-        atomic_save({**self.state(), "torch_rng": torch.get_rng_state()}, self.checkpoint_path)
+        extra = {"obs_norm": self.normalizer.state()} if self.normalizer is not None else {}
+        atomic_save({**self.state(), "torch_rng": torch.get_rng_state(), **extra}, self.checkpoint_path)
         write_sidecar(self.checkpoint_path, self.cfg)
 
     def restored(self) -> dict[str, Any] | None:
@@ -356,6 +364,8 @@ class LearnerBase(Service):
         if isinstance(state.get("config"), dict):
             check_made_for(str(path), made_for(state["config"]), self.cfg)
         torch.set_rng_state(state["torch_rng"])
+        if self.normalizer is not None and "obs_norm" in state:
+            self.normalizer.load(state["obs_norm"])
         log.info("restoring %s: %d updates, versions %s", path, state["updates"], state.get("versions"))
         return state
 

@@ -46,6 +46,7 @@ from spreeze.common.config import RUNTIME_LEARNER_KEYS, Config, with_learner_set
 from spreeze.common.errors import ConfigError
 from spreeze.common.rate_limiter import RateLimiter, RateLimiterConfig
 from spreeze.common.replay_buffer import ReplayBuffer, ReplayInputError
+from spreeze.common.running_stats import RunningStats
 from spreeze.common.service import Service
 from spreeze.common.transport import Channel
 from spreeze.proto.codec import Envelope
@@ -86,6 +87,7 @@ class Replay(Service):
                                    reject_non_finite=self.cfg.replay.reject_non_finite)
         self.limiter = RateLimiter(limiter_config(self.cfg))
         self.ledger = Ledger(self.cfg.replay.capacity)
+        self.obs_stats = RunningStats(self.layout.obs_dim)  # of every observation stored (learner.obs_norm)
         self.pending: deque[tuple[bytes, str, int, SampleRequest]] = deque()  # (peer, sender, header seq, request)
         self.rejected = 0
         self.stall_s = {"insert": 0.0, "sample": 0.0}
@@ -128,6 +130,11 @@ class Replay(Service):
         for session in self.ledger.sessions.values():
             session.durable = session.stored  # all of it is in the snapshot just read
         self.rejected = int(meta["rejected"])
+        if "obs_stats" in meta:
+            self.obs_stats.load(meta["obs_stats"])
+        else:  # a snapshot written before replay kept them: the rows it holds
+            for view in self.buffer.row_views(self.buffer.inserted - self.buffer.size, self.buffer.inserted):
+                self.obs_stats.add(view[:, :self.layout.obs_dim])
         self.snap_stats["restored_rows"] = self.buffer.size
         if self.snapshots is not None:
             self.snapshots.last = meta
@@ -137,7 +144,8 @@ class Replay(Service):
 
     def snapshot_meta(self) -> dict[str, Any]:
         return {"buffer": self.buffer.counters(), "rng": self.buffer.rng_state(),
-                "limiter": self.limiter.state_dict(), "ledger": self.ledger.state(), "rejected": self.rejected}
+                "limiter": self.limiter.state_dict(), "ledger": self.ledger.state(), "rejected": self.rejected,
+                "obs_stats": self.obs_stats.state()}
 
     def snapshot_work(self, now: float) -> None:
         """Between polls: start a snapshot when due, copy one chunk, announce a finished one."""
@@ -326,6 +334,7 @@ class Replay(Service):
             self.buffer.add_rows(msg.transitions)
         except ReplayInputError as exc:
             return self.reject(msg, sender, str(exc))
+        self.obs_stats.add(msg.transitions[:, :self.layout.obs_dim])
         self.ledger.stored(sender, first, n, size)
         if n:
             before = self.limiter.inserts
@@ -357,8 +366,13 @@ class Replay(Service):
             rows = self.buffer.sample_packed(req.batch_size, out=np.empty((req.batch_size, self.layout.width),
                                                                           np.float32))
             self.limiter.sample(req.batch_size)
-            await smp.send(SampledBatch(req.request_id, rows, self.layout.obs_dim, self.layout.act_dim,
-                                        self.buffer.size, self.limiter.inserts), to=peer)
+            answer = SampledBatch(req.request_id, rows, self.layout.obs_dim, self.layout.act_dim,
+                                  self.buffer.size, self.limiter.inserts)
+            if req.obs_stats:
+                stats = self.obs_stats
+                answer.obs_count = stats.count
+                answer.obs_stats = {"mean": stats.mean.astype(np.float32), "var": stats.var.astype(np.float32)}
+            await smp.send(answer, to=peer)
 
     def report(self) -> None:
         self.publish({

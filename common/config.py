@@ -11,6 +11,7 @@ the run's algorithm's (a module path, see common/algorithms/__init__.py) joins t
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 import re
 import typing
@@ -132,10 +133,22 @@ class VisualizerConfig:
     port: int = 0  # dashboard TCP port (0 = any free port; the URL is printed and written to run_dir/dashboard.url)
     tensorboard: bool = True  # write TensorBoard event files into run_dir/tensorboard
     push_every: float = 1.0  # seconds between live updates pushed to open dashboard pages
+    wandb: bool = False  # also log every dashboard series to Weights & Biases (needs the wandb package: spreeze[wandb])
+    wandb_project: str = "spreeze"  # the W&B project
+    wandb_entity: str = ""  # the W&B entity (user or team; "" = your default)
+    wandb_mode: str = "online"  # online (needs WANDB_API_KEY or `wandb login`) | offline (run_dir/wandb; `wandb sync` later)
 
     def validate(self) -> None:
         if not self.host:
             raise ConfigError("visualizer.host='' must be an address, e.g. 127.0.0.1")
+        _choice(self, "wandb_mode", ("online", "offline"))
+        if self.wandb and importlib.util.find_spec("wandb") is None:
+            raise ConfigError("visualizer.wandb=true needs the wandb package: pip install 'spreeze[wandb]' "
+                              "(or pip install wandb) where the visualizer runs")
+        if self.wandb and not self.enabled:
+            raise ConfigError("visualizer.wandb=true needs visualizer.enabled=true: the visualizer is what logs to W&B")
+        if self.wandb and not self.wandb_project:
+            raise ConfigError("visualizer.wandb_project='' must name a W&B project")
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"visualizer.port={self.port!r} must be in [0, 65535] (0 = any free port)")
         _positive(self, "push_every")

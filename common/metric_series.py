@@ -74,6 +74,11 @@ class MetricSeries:
         for listener in self.listeners:
             listener(name, p)
 
+    def step_of(self, name: str, point: Point) -> int:
+        """The env-step count a point belongs to (the x of env-step charts, else the newest count):
+        the step of TensorBoard's and W&B's scalars."""
+        return int(point[0]) if name.split(":", 1)[0] == "eval_steps" else self.env_steps
+
     def take(self, row: dict[str, Any]) -> None:
         kind, t = row.get("kind"), _number(row.get("wall_time"))
         if t is None:

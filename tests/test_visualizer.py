@@ -232,3 +232,74 @@ def test_visualizer_config_is_validated() -> None:
                             ("eval.video_every=-1", "eval.video_every=-1")]:
         with pytest.raises(ConfigError, match=named.replace(".", r"\.")):
             config("/tmp/x", override)
+
+
+def wandb_records(path: Path) -> list[Any]:
+    """The records of a W&B offline run file (run-*.wandb): a LevelDB-style log after a 7-byte header,
+    in 32 KiB blocks of chunks, each with a 7-byte header (crc32, length, type: full/first/middle/last)."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    data, block, records, pending = path.read_bytes(), 32 * 1024, [], b""
+    assert data[:4] == b":W&B", data[:7]
+    pos = 7
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        if left < 7:  # a block's tail too short for a header is padding
+            pos += left
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if kind == 0 and length == 0:
+            break  # the unwritten rest
+        pending += data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):  # full, last: a record is whole
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            records.append(record)
+            pending = b""
+    return records
+
+
+def test_wandb_offline_run_holds_the_metrics_and_events(tmp_path: Path) -> None:
+    pytest.importorskip("wandb")
+
+    async def body() -> None:
+        async with Harness(config(tmp_path, "visualizer.tensorboard=false", "visualizer.wandb=true",
+                                  "visualizer.wandb_mode=offline", "visualizer.wandb_project=spreeze-test")) as h:
+            vis = h.build(Visualizer)
+            h.start(vis.serve())
+            await feed(h, [Metrics("replay", {"inserted": 500, "replay_size": 500}),
+                           EvalResult(1, 500, 100, -700.0, 10.0, 200.0, 1),
+                           Metrics("replay", {"inserted": 1500, "replay_size": 1500}),
+                           EvalResult(2, 1500, 900, -300.0, 10.0, 200.0, 1),
+                           Event("restart", "sampler-0 exited with code -9", {"service": "sampler-0"})])
+            await until(lambda: len(vis.series.events) == 1, 5, "all messages taken")
+            await h.stop(vis, h.tasks[0])
+            await vis.close()
+
+    run(body(), timeout=90)
+    run_id = (tmp_path / "wandb-run-id").read_text().strip()
+    files = list((tmp_path / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb"))
+    assert len(files) == 1, list((tmp_path / "wandb").rglob("*"))
+    rows = []
+    for record in wandb_records(files[0]):
+        if record.WhichOneof("record_type") == "history":
+            rows.append({"/".join(item.nested_key) or item.key: json.loads(item.value_json)
+                         for item in record.history.item})
+    evals = [(row["env_steps"], row["eval_steps/return"]) for row in rows if "eval_steps/return" in row]
+    assert evals == [(500, -700.0), (1500, -300.0)]
+    assert [(row["env_steps"], round(row["replay/fill"], 6)) for row in rows if "replay/fill" in row] == \
+        [(500, 0.1), (1500, 0.3)]
+    tables = [row for row in rows if "events/path" in row]  # the events table, once per event
+    assert [(row["env_steps"], row["events/nrows"]) for row in tables] == [(1500, 1)], tables
+    table = json.loads((files[0].parent / "files" / tables[0]["events/path"]).read_text())
+    assert table["data"] == [[1500, "restart", "sampler-0 exited with code -9"]]
+
+
+def test_wandb_config_is_validated(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="visualizer.wandb_mode='cloud'"):
+        config(tmp_path, "visualizer.wandb_mode=cloud")
+    with pytest.raises(ConfigError, match="needs visualizer.enabled=true"):
+        config(tmp_path, "visualizer.wandb=true", "visualizer.enabled=false")

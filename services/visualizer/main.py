@@ -1,10 +1,11 @@
-"""Visualizer: the metrics bus made visible, live in the browser and in TensorBoard files.
+"""Visualizer: the metrics bus made visible, live in the browser, in TensorBoard files and
+(optionally) in Weights & Biases.
 
 Reads top to bottom: it subscribes to the bus (metrics_out), loads what metrics.jsonl
 already holds (so a restarted visualizer shows the whole run), serves the dashboard over
 HTTP (services/visualizer/web.py) and announces its URL with an Event that the supervisor
 prints; then every message becomes points of the charts (common/metric_series.py), which
-open pages receive as Server-Sent Events and TensorBoard receives as scalars.
+open pages receive as Server-Sent Events and TensorBoard (and W&B) receive as scalars.
 """
 
 from __future__ import annotations
@@ -45,15 +46,25 @@ class Visualizer(Service):
         self.bus = self.channel("metrics_out", binding=False)  # subscribe first: history, then live
         self.series = MetricSeries(self.cfg.replay.capacity)
         self.start_unix = self.load_history()
-        self.tensorboard = None
-        if self.cfg.visualizer.tensorboard:
-            from spreeze.services.visualizer.tensorboard import TensorBoardWriter
-
-            self.tensorboard = TensorBoardWriter(self.run_dir / "tensorboard", self.series)
-            self.series.listeners.append(self.tensorboard.scalar)
+        self.sinks = self.open_sinks()  # TensorBoard, W&B: each takes every live point and event
+        for sink in self.sinks:
+            self.series.listeners.append(sink.scalar)
         self.url = ""
         self.announced, self.announce_at = False, 0.0
         self.runner: web.AppRunner | None = None
+
+    def open_sinks(self) -> list[Any]:
+        vc = self.cfg.visualizer
+        sinks: list[Any] = []
+        if vc.tensorboard:
+            from spreeze.services.visualizer.tensorboard import TensorBoardWriter
+
+            sinks.append(TensorBoardWriter(self.run_dir / "tensorboard", self.series))
+        if vc.wandb:
+            from spreeze.services.visualizer.wandb_logger import WandbLogger
+
+            sinks.append(WandbLogger(self.cfg, self.run_dir, self.series))
+        return sinks
 
     def wall_time(self) -> float:
         """Seconds since the run started (the time axis of metrics.jsonl)."""
@@ -98,8 +109,8 @@ class Visualizer(Service):
         if row["kind"] == "event":
             if row["event"] == "dashboard" and row.get("url") == self.url:
                 self.announced = True
-            if self.tensorboard is not None:
-                self.tensorboard.event(row)
+            for sink in self.sinks:
+                sink.event(row)
 
     async def start_web(self) -> None:
         vc = self.cfg.visualizer
@@ -151,5 +162,5 @@ class Visualizer(Service):
     async def close(self) -> None:
         if self.runner is not None:
             await self.runner.cleanup()
-        if self.tensorboard is not None:
-            self.tensorboard.close()
+        for sink in self.sinks:
+            sink.close()

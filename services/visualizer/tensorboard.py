@@ -23,9 +23,7 @@ class TensorBoardWriter:
 
     def scalar(self, name: str, point: list[float]) -> None:
         """A MetricSeries listener: live points only (a restarted visualizer does not rewrite history)."""
-        chart = name.split(":", 1)[0]
-        step = int(point[0]) if chart == "eval_steps" else self.series.env_steps
-        self.writer.add_scalar(name.replace(":", "/"), point[1], global_step=step)
+        self.writer.add_scalar(name.replace(":", "/"), point[1], global_step=self.series.step_of(name, point))
 
     def event(self, row: dict[str, Any]) -> None:
         self.writer.add_text("events", f"{row.get('event')}: {row.get('reason')}", global_step=self.series.env_steps)

@@ -27,8 +27,24 @@ log = logging.getLogger(__name__)
 GL_OFF = "disable"  # MuJoCo's own MUJOCO_GL value for "no GL": its import then loads no GL library
 
 
+# Namespaces of gymnasium ids whose environments a package registers when it is imported,
+# with the extra that installs it: `--env dm_control/cartpole-swingup-v0` needs no env_imports.
+NAMESPACE_PACKAGES = {"dm_control": ("shimmy", "spreeze[dm-control]")}
+MUJOCO_NAMESPACES = ("dm_control",)  # simulated by MuJoCo: filmed like gymnasium's MuJoCo envs
+
+
+def namespace_of(env_id: str) -> str | None:
+    """The namespace of a gymnasium id (`dm_control/cartpole-swingup-v0`: dm_control), after any module: prefix."""
+    try:
+        return gym.envs.registration.parse_env_id(env_id.rsplit(":", 1)[-1])[0]
+    except gym.error.Error:
+        return None  # gym.make says what is wrong with it
+
+
 def is_mujoco(env_id: str) -> bool:
     """Whether gymnasium's registry builds `env_id` with MuJoCo (without importing MuJoCo)."""
+    if namespace_of(env_id) in MUJOCO_NAMESPACES:
+        return True  # registered only once its package is imported
     try:
         entry = gym.spec(env_id).entry_point
     except gym.error.Error:
@@ -75,6 +91,30 @@ def route_mujoco_warnings() -> None:
         mujoco.set_mju_user_warning(_mujoco_warning)
 
 
+
+
+def import_namespace_package(env_id: str) -> None:
+    """Import the package that registers `env_id`'s namespace (NAMESPACE_PACKAGES), if any.
+
+    dm_control picks its GL backend when first imported: the MUJOCO_GL this process chose for
+    videos (common/video.py) when there is one, else none, so that stepping never loads GL."""
+    namespace = namespace_of(env_id)
+    if namespace not in NAMESPACE_PACKAGES or NAMESPACE_PACKAGES[namespace][0] in sys.modules:
+        return
+    module, extra = NAMESPACE_PACKAGES[namespace]
+    import_mujoco_without_gl()
+    saved = os.environ.get("MUJOCO_GL")
+    os.environ["MUJOCO_GL"] = saved or GL_OFF
+    try:
+        importlib.import_module(module)
+    except ImportError as exc:
+        raise ConfigError(f"env={env_id!r}: its namespace {namespace!r} needs the {module} package "
+                          f"({exc}): pip install '{extra}'") from None
+    finally:
+        if saved is None:
+            del os.environ["MUJOCO_GL"]
+
+
 def import_env_modules(modules: tuple[str, ...]) -> None:
     """Import the modules that register a user's environments; ConfigError naming a missing one."""
     for name in modules:
@@ -117,10 +157,12 @@ def wrap(env: gym.Env, src: EnvSource) -> gym.Env:
 
 def make_env(env: str | EnvSource, seed: int | None = None, **kwargs: object) -> gym.Env:
     """gym.make with a clear error for unknown ids, bad keyword arguments and non-continuous
-    action spaces; then the source's wrappers (config ``env_wrappers``). ``kwargs``
+    action spaces; then the source's wrappers (config ``env_wrappers``), and a Dict observation
+    still left flattened. The package of a known namespace is imported first. ``kwargs``
     (rendering) go with the source's own env_kwargs."""
     src = EnvSource.of(env)
     import_env_modules(src.imports)
+    import_namespace_package(src.id)
     if is_mujoco(src.id):
         import_mujoco_without_gl()
         route_mujoco_warnings()
@@ -132,6 +174,8 @@ def make_env(env: str | EnvSource, seed: int | None = None, **kwargs: object) ->
         # an unknown id, a bad argument value, a module of gymnasium's module:EnvId that is not there
         raise ConfigError(f"{src.describe()} cannot be made: {exc}") from None
     made = wrap(made, src)
+    if isinstance(made.observation_space, gym.spaces.Dict):  # dm_control's, or any left after env_wrappers
+        made = gym.wrappers.FlattenObservation(made)  # its keys in sorted order, one flat Box
     space = made.action_space
     if not isinstance(space, gym.spaces.Box) or len(space.shape) != 1:
         made.close()

@@ -122,7 +122,8 @@ def _render_env(env_id: str | EnvSource, seed: int) -> gym.Env:
         raise
     except Exception as exc:  # MuJoCo checks MUJOCO_GL when it first loads
         reason = f"cannot be made for rendering with {_gl_failure(exc)}"
-    raise VideoError(f"{env_id} {reason}")  # outside `except`: no reference to the failed objects
+    # outside `except`: no reference to the failed objects
+    raise VideoError(f"{EnvSource.of(env_id).describe()} {reason}")
 
 
 def _frame(env: gym.Env, env_id: str | EnvSource) -> np.ndarray:
@@ -138,7 +139,7 @@ def _frame(env: gym.Env, env_id: str | EnvSource) -> np.ndarray:
         reason = f"rendered {type(frame).__name__}, not an RGB image; {GL_HINT}"
     # raised outside `except`, so the error holds no traceback into the half-built renderer:
     # its finalizer must run when record_episode drops it, not at some later allocation
-    raise VideoError(f"{env_id} {reason}")
+    raise VideoError(f"{EnvSource.of(env_id).describe()} {reason}")
 
 
 def _gl_failure(exc: Exception) -> str:

@@ -52,3 +52,16 @@ class Truncate(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray]):
         obs, reward, terminated, truncated, info = self.env.step(action)
         self.t += 1
         return obs, float(reward), terminated, truncated or self.t >= self.steps, info
+
+
+class Split(gym.ObservationWrapper[dict, np.ndarray, np.ndarray]):
+    """A user's wrapper whose observation is a Dict, as dm_control's are: {"position", "target"}
+    of Drift's [position, target]."""
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        box = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
+        self.observation_space = gym.spaces.Dict({"position": box, "target": box})
+
+    def observation(self, observation: np.ndarray) -> dict:
+        return {"position": observation[:1], "target": observation[1:]}

@@ -128,6 +128,24 @@ def test_a_users_registered_env_with_kwargs_trains_in_every_process(tmp_path: Pa
     assert policy.predict([0.0, 0.25]).shape == (1,)
 
 
+@pytest.mark.timeout(240)
+def test_a_dm_control_task_trains_through_shimmy(tmp_path: Path) -> None:
+    """The dm-control extra: the namespace's package is imported in every process without
+    env_imports, the Dict observation is flattened, episodes run to dm_control's 1000 steps."""
+    pytest.importorskip("shimmy")
+    pytest.importorskip("dm_control")
+    import json
+
+    run = spreeze.train(env="dm_control/cartpole-swingup-v0", total_steps=1_200, run_dir=tmp_path / "c",
+                        config={**SHORT, "eval": {"every_updates": 500, "episodes": 1, "video_every": 0}})
+    assert run.returncode == 0
+    evals = [r for r in map(json.loads, (run.run_dir / "metrics.jsonl").read_text().splitlines())
+             if r["kind"] == "eval"]
+    assert evals and all(r["length_mean"] == 1000 for r in evals)
+    policy = spreeze.load(run.run_dir)
+    assert (policy.obs_dim, policy.act_dim) == (5, 1)  # position (3) and velocity (2), flattened
+
+
 def test_bad_env_kwargs_and_imports_are_refused_by_name(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="env_imports: module 'no_such_pkg.envs' cannot be imported"):
         spreeze.train(env="Pendulum-v1", run_dir=tmp_path / "a", overrides=["env_imports=[no_such_pkg.envs]"])

@@ -51,6 +51,24 @@ def test_a_users_wrapper_by_module_path() -> None:
     assert [env.step(np.zeros(1, np.float32))[3] for _ in range(2)] == [False, True]
 
 
+def test_a_dict_observation_is_flattened_in_key_order() -> None:
+    src = EnvSource("tests.custom_envs:SpreezeTests/Drift-v0", kwargs=(("target", 0.25),),
+                    wrappers=(WrapperSpec("tests.custom_envs:Split"),))
+    env = make_env(src)
+    assert env.observation_space.shape == (2,)
+    obs, _ = env.reset(seed=0)
+    assert obs[1] == np.float32(0.25)  # position, then target: the keys in sorted order
+
+
+def test_a_known_namespace_without_its_package_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    from spreeze.common import envs
+
+    monkeypatch.setitem(envs.NAMESPACE_PACKAGES, "dm_control", ("no_such_shimmy", "spreeze[dm-control]"))
+    with pytest.raises(ConfigError, match=r"env='dm_control/cartpole-swingup-v0': its namespace 'dm_control' "
+                                          r"needs the no_such_shimmy package .*pip install 'spreeze\[dm-control\]'"):
+        make_env("dm_control/cartpole-swingup-v0")
+
+
 @pytest.mark.parametrize(("wrappers", "error", "match"), [
     ("[NoSuchWrapper]", ConfigError, "env_wrappers: 'NoSuchWrapper' is not a gymnasium wrapper class "
                                      "\\(gymnasium.wrappers has no NoSuchWrapper\\)"),

@@ -46,9 +46,9 @@ from typing import Any
 import torch
 
 from spreeze.bench.system import STARTUP_S, add_output_args, measure, rate
-from spreeze.bench.plain import plain_loop
+from spreeze.bench.plain import LOOPS, plain_loop
 from spreeze.bench.runs import ALGO_HELP, algo_arg
-from spreeze.common.algorithms import ALGOS, algorithm
+from spreeze.common.algorithms import algorithm
 from spreeze.common.algorithms.base import fused_step
 from spreeze.common.algorithms.build import make_parts
 from spreeze.common.algorithms.compiled import CACHE_ENV, CompileOptions, check_guards, use_compile_cache
@@ -195,7 +195,7 @@ def compile_times(algo: str, hidden: tuple[int, ...], batch: int, threads: int, 
     return out
 
 
-def run(algos: tuple[str, ...] = ALGOS, batch_sizes: tuple[int, ...] = (256, 1024, 4096, 8192),
+def run(algos: tuple[str, ...] = tuple(LOOPS), batch_sizes: tuple[int, ...] = (256, 1024, 4096, 8192),
         hidden: tuple[int, ...] = (256, 256), seconds: float = 10.0, threads: int = 1,
         device: str = "cpu", repeats: int = 1, fill: int = 100_000, json_path: str | None = None,
         out: str | None = None, overrides: tuple[str, ...] = (),
@@ -280,8 +280,8 @@ def table(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="spreeze bench update", description=__doc__.splitlines()[0])
-    p.add_argument("--algo", nargs="+", type=algo_arg, default=list(ALGOS),
-                   help=f"algorithms: {ALGO_HELP} (default td3 sac)")
+    p.add_argument("--algo", nargs="+", type=algo_arg, default=list(LOOPS),
+                   help=f"algorithms: {ALGO_HELP} (default: those with a textbook loop, {' '.join(LOOPS)})")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[256, 1024, 4096, 8192],
                    help="learner batch sizes, one measurement each")
     p.add_argument("--hidden", type=int, nargs="+", default=[256, 256], help="hidden sizes, actor and critics")

@@ -1,4 +1,4 @@
-"""Torch modules for TD3 / SAC: MLP trunks, actors and twin critics.
+"""Torch modules of the algorithms: MLP trunks, actors, twin critics and the layers they use.
 
 Every hidden layer is a plain ``nn.Linear`` built by :func:`mlp`, so a sparse mode can find
 and mask them. Action bounds live in registered buffers (``scale``, ``bias``) so they move
@@ -218,3 +218,70 @@ def q1_only(params: Sequence[torch.Tensor], obs: torch.Tensor, action: torch.Ten
         if i < layers - 1:
             h = torch.relu(h)
     return h.squeeze(-1)
+
+
+RENORM_EPS = 1e-3  # added to the variances before the square root (as the CrossQ authors' renorm layer)
+
+
+class BatchRenorm(nn.Module):
+    """Batch renormalisation (Ioffe 2017) of [B, dim] inputs, then a learned scale and shift.
+
+    Train mode: ``(x - mean_B) / std_B * r + d`` with ``r = std_B / std_run`` clipped to
+    [1/r_max, r_max] and ``d = (mean_B - mean_run) / std_run`` clipped to [-d_max, d_max]
+    (both without gradient); plain batch norm (r = 1, d = 0) for the first ``warmup`` steps;
+    the running statistics move toward the batch's by ``momentum``. Eval mode: the running
+    statistics. Every buffer is float32 (they travel with the network's weights).
+    """
+
+    running_mean: torch.Tensor
+    running_var: torch.Tensor
+    steps: torch.Tensor
+
+    def __init__(self, dim: int, momentum: float = 0.01, warmup: int = 100_000, r_max: float = 3.0,
+                 d_max: float = 5.0) -> None:
+        super().__init__()
+        self.momentum, self.warmup, self.r_max, self.d_max = momentum, warmup, r_max, d_max
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim))
+        self.register_buffer("running_mean", torch.zeros(dim))
+        self.register_buffer("running_var", torch.ones(dim))
+        self.register_buffer("steps", torch.zeros(1))  # 1-D: states travel as arrays of at least one dimension
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training:
+            return (x - self.running_mean) * torch.rsqrt(self.running_var + RENORM_EPS) * self.weight + self.bias
+        mean, var = x.mean(0), x.var(0, unbiased=False)
+        std = (var + RENORM_EPS).sqrt()
+        with torch.no_grad():
+            run_std = (self.running_var + RENORM_EPS).sqrt()
+            on = (self.steps >= self.warmup).to(x.dtype)  # 0 during the warm-up: plain batch norm
+            r = 1.0 + on * ((std / run_std).clamp(1.0 / self.r_max, self.r_max) - 1.0)
+            d = on * ((mean - self.running_mean) / run_std).clamp(-self.d_max, self.d_max)
+            self.running_mean.lerp_(mean, self.momentum)
+            self.running_var.lerp_(var, self.momentum)
+            self.steps.add_(1.0)
+        return ((x - mean) / std * r + d) * self.weight + self.bias
+
+
+def renorm_mlp(in_dim: int, hidden: Sequence[int], renorm: Callable[[int], nn.Module]) -> nn.Sequential:
+    """renorm(input), then per hidden size Linear -> renorm -> ReLU, then a Linear to one value
+    (CrossQ's critic; ``renorm(dim)`` makes a normalisation layer)."""
+    layers: list[nn.Module] = [renorm(in_dim)]
+    for width in hidden:
+        layers += [nn.Linear(in_dim, width), renorm(width), nn.ReLU()]
+        in_dim = width
+    return nn.Sequential(*layers, nn.Linear(in_dim, 1))
+
+
+class RenormTwinCritic(nn.Module):
+    """Two `renorm_mlp` critics of ``concat(obs, action)``; forward gives Q1, Q2 stacked: [2, B]."""
+
+    def __init__(self, obs_dim: int, act_dim: int, hidden: Sequence[int],
+                 renorm: Callable[[int], nn.Module]) -> None:
+        super().__init__()
+        self.qf1 = renorm_mlp(obs_dim + act_dim, hidden, renorm)
+        self.qf2 = renorm_mlp(obs_dim + act_dim, hidden, renorm)
+
+    def forward(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        x = torch.cat([obs, action], dim=-1)
+        return torch.stack([self.qf1(x).squeeze(-1), self.qf2(x).squeeze(-1)])

@@ -27,7 +27,8 @@ from spreeze.common.sparse_config import SparseConfig
 
 __all__ = ["ALGOS", "BUILTIN", "Algorithm", "SparseConfig", "algorithm", "registered"]
 
-BUILTIN = {"td3": "spreeze.common.algorithms.td3", "sac": "spreeze.common.algorithms.sac"}  # short names of the built-ins
+BUILTIN = {"td3": "spreeze.common.algorithms.td3", "sac": "spreeze.common.algorithms.sac",
+           "crossq": "spreeze.common.algorithms.crossq"}  # short names of the built-ins
 ALGOS = tuple(BUILTIN)  # the built-in names (every run config has their sections)
 DESCRIPTOR = "ALGORITHM"  # the name an algorithm module gives its descriptor
 

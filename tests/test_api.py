@@ -128,6 +128,7 @@ def test_a_users_registered_env_with_kwargs_trains_in_every_process(tmp_path: Pa
     assert policy.predict([0.0, 0.25]).shape == (1,)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_a_dm_control_task_trains_through_shimmy(tmp_path: Path) -> None:
     """The dm-control extra: the namespace's package is imported in every process without

@@ -148,7 +148,7 @@ def test_bad_settings_are_refused_by_name(override: str, named: str) -> None:
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("mode", ["fused", "split"])
+@pytest.mark.parametrize("mode", ["fused", pytest.param("split", marks=pytest.mark.slow)])
 def test_a_real_run_trains_evaluates_and_resumes(tmp_path: Path, mode: str) -> None:
     short = {"replay": {"min_size": 500}, "sampler": {"warmup_steps": 500},
              "eval": {"every_updates": 400, "episodes": 2, "video_every": 0},

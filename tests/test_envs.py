@@ -60,6 +60,21 @@ def test_a_dict_observation_is_flattened_in_key_order() -> None:
     assert obs[1] == np.float32(0.25)  # position, then target: the keys in sorted order
 
 
+def test_a_dm_control_task_is_made_without_env_imports_and_flattened() -> None:
+    """The dm-control extra where it is installed (the slow suite trains on it: tests/test_api.py)."""
+    pytest.importorskip("shimmy")
+    pytest.importorskip("dm_control")
+    batch = EnvBatch("dm_control/cartpole-swingup-v0", 2, seed=0)
+    try:
+        assert batch.obs.shape == (2, 5) and batch.obs.dtype == np.float32  # position (3), velocity (2), flat
+        assert (batch.layout.obs_dim, batch.layout.act_dim) == (5, 1)
+        rows = np.zeros((2, batch.layout.width), np.float32)
+        batch.step(np.zeros((2, 1), np.float32), rows)
+        assert np.isfinite(rows).all() and batch.steps == 2
+    finally:
+        batch.close()
+
+
 def test_a_known_namespace_without_its_package_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     from spreeze.common import envs
 

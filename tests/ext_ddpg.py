@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from spreeze.common.algorithms.checkpointed import Checkpointed
 from spreeze.common.algorithms.checks import check, check_hidden
 from spreeze.common.algorithms.descriptor import Algorithm
 from spreeze.common.algorithms.lazy import lazy
@@ -60,10 +61,11 @@ def q(critic: torch.nn.Module, obs: torch.Tensor, action: torch.Tensor) -> torch
     return critic(torch.cat([obs, action], dim=-1)).squeeze(-1)
 
 
-class DDPGActorPart:
+class DDPGActorPart(Checkpointed):
     """Actor, its target, and (a copy of, unless shared) the critic."""
 
     algo = "ddpg"
+    role = "actor part"
     policy_delay = 1
 
     def __init__(self, actor: DeterministicActor, critic: torch.nn.Module, cfg: DDPGConfig, shared: bool,
@@ -107,17 +109,13 @@ class DDPGActorPart:
         named: Named = {"actor": self.actor, "actor_target": self.target.network, "opt": self.opt}
         return named if self.shared else {**named, "critic": self.critic}
 
-    def save(self) -> dict[str, Any]:
-        return base.save_named(self.algo, self.updates, self.named(), self.sparse)
-
-    def load(self, d: dict[str, Any]) -> None:
-        self.updates = base.load_named("ddpg actor part", self.algo, self.named(), d, self.sparse)
 
 
-class DDPGCriticPart:
+class DDPGCriticPart(Checkpointed):
     """The critic, its target, and (a copy of, unless shared) the target actor."""
 
     algo = "ddpg"
+    role = "critic part"
 
     def __init__(self, critic: torch.nn.Module, actor_target: DeterministicActor, cfg: DDPGConfig,
                  shared: bool, sparse: SparseTopology | None) -> None:
@@ -161,11 +159,6 @@ class DDPGCriticPart:
         named: Named = {"critic": self.critic, "critic_target": self.target.network, "opt": self.opt}
         return named if self.shared else {**named, "actor_target": self.actor_target}
 
-    def save(self) -> dict[str, Any]:
-        return base.save_named(self.algo, self.updates, self.named(), self.sparse)
-
-    def load(self, d: dict[str, Any]) -> None:
-        self.updates = base.load_named("ddpg critic part", self.algo, self.named(), d, self.sparse)
 
 
 def build(obs_dim: int, act_dim: int, low: np.ndarray, high: np.ndarray, cfg: DDPGConfig,

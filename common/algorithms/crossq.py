@@ -24,8 +24,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from spreeze.common.algorithms.checkpointed import Checkpointed
 from spreeze.common.algorithms.checks import check, check_hidden
 from spreeze.common.algorithms.descriptor import Algorithm
 from spreeze.common.algorithms.lazy import lazy
@@ -115,10 +116,11 @@ def adam(params: list[torch.Tensor], lr: float, cfg: CrossQConfig) -> torch.opti
     return torch.optim.Adam(params, lr=lr, betas=(cfg.beta1, 0.999), fused=True)
 
 
-class CrossQActorPart:
+class CrossQActorPart(Checkpointed):
     """The actor (+ temperature, sac flavour) and (a copy of, unless shared) the critics."""
 
     algo = "crossq"
+    role = "actor part"
 
     def __init__(self, actor: nn.Module, critic: RenormTwinCritic, log_alpha: torch.Tensor, cfg: CrossQConfig,
                  shared: bool, generator: torch.Generator, act_dim: int, sparse: SparseTopology | None) -> None:
@@ -190,17 +192,13 @@ class CrossQActorPart:
             named["alpha_opt"] = self.alpha_opt
         return named if self.shared else {**named, "critic": self.critic}
 
-    def save(self) -> dict[str, Any]:
-        return base.save_named(self.algo, self.updates, self.named(), self.sparse)
-
-    def load(self, d: dict[str, Any]) -> None:
-        self.updates = base.load_named("crossq actor part", self.algo, self.named(), d, self.sparse)
 
 
-class CrossQCriticPart:
+class CrossQCriticPart(Checkpointed):
     """The renorm twin critics and (copies of, unless shared) the actor and temperature."""
 
     algo = "crossq"
+    role = "critic part"
 
     def __init__(self, critic: RenormTwinCritic, actor: nn.Module, log_alpha: torch.Tensor, cfg: CrossQConfig,
                  shared: bool, generator: torch.Generator, act_dim: int, scale: torch.Tensor,
@@ -267,11 +265,6 @@ class CrossQCriticPart:
             return named
         return {**named, "actor": self.actor, **({"log_alpha": self.log_alpha} if self.stochastic else {})}
 
-    def save(self) -> dict[str, Any]:
-        return base.save_named(self.algo, self.updates, self.named(), self.sparse)
-
-    def load(self, d: dict[str, Any]) -> None:
-        self.updates = base.load_named("crossq critic part", self.algo, self.named(), d, self.sparse)
 
 
 def build(obs_dim: int, act_dim: int, low: np.ndarray, high: np.ndarray, cfg: CrossQConfig,

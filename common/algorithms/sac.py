@@ -15,8 +15,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from spreeze.common.algorithms.checkpointed import Checkpointed
 from spreeze.common.algorithms.checks import check, check_hidden
 from spreeze.common.algorithms.descriptor import Algorithm
 from spreeze.common.algorithms.lazy import lazy
@@ -93,7 +94,7 @@ def temperature_loss(log_alpha: torch.Tensor, logp: torch.Tensor,
     return -(log_alpha * c).mean(), -c.mean()
 
 
-class SACActorPart:
+class SACActorPart(Checkpointed):
     """Gaussian actor, temperature ``log_alpha`` and (a copy of, unless shared) the critics.
 
     With ``shared=True`` the critic *is* the critic part's module; ``load_critic`` is a no-op.
@@ -101,6 +102,7 @@ class SACActorPart:
     """
 
     algo = "sac"
+    role = "actor part"
 
     def __init__(self, actor: GaussianActor, critic: TwinCritic, log_alpha: torch.Tensor,
                  cfg: SACConfig, shared: bool, generator: torch.Generator,
@@ -184,16 +186,9 @@ class SACActorPart:
             named["alpha_opt"] = self.alpha_opt
         return named if self.shared else {**named, "critic": self.critic}
 
-    def save(self) -> dict[str, Any]:
-        return base.save_named(self.algo, self.updates, self.named(), self.sparse)
-
-    def load(self, d: dict[str, Any]) -> None:
-        self.updates = base.load_named("sac actor part", self.algo, self.named(), d, self.sparse)
-        if self.fast is not None:
-            self.fast.rebind()
 
 
-class SACCriticPart:
+class SACCriticPart(Checkpointed):
     """Twin critics, their targets, and (copies of, unless shared) the actor and log_alpha.
 
     With ``shared=True`` actor and ``log_alpha`` are the actor part's; ``load_actor`` is a no-op.
@@ -201,6 +196,7 @@ class SACCriticPart:
     """
 
     algo = "sac"
+    role = "critic part"
 
     def __init__(self, critic: TwinCritic, actor: GaussianActor, log_alpha: torch.Tensor, cfg: SACConfig,
                  shared: bool, generator: torch.Generator, sparse: SparseTopology | None = None) -> None:
@@ -259,13 +255,6 @@ class SACCriticPart:
                         "generator": self.generator}
         return named if self.shared else {**named, "actor": self.actor, "log_alpha": self.log_alpha}
 
-    def save(self) -> dict[str, Any]:
-        return base.save_named(self.algo, self.updates, self.named(), self.sparse)
-
-    def load(self, d: dict[str, Any]) -> None:
-        self.updates = base.load_named("sac critic part", self.algo, self.named(), d, self.sparse)
-        if self.fast is not None:
-            self.fast.rebind()
 
 
 def build(obs_dim: int, act_dim: int, low: np.ndarray, high: np.ndarray, cfg: SACConfig,

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from spreeze.common.algorithms.checkpointed import Checkpointed
 from spreeze.common.algorithms.checks import check, check_hidden
 from spreeze.common.algorithms.descriptor import Algorithm
 from spreeze.common.algorithms.lazy import lazy
@@ -92,7 +93,7 @@ def actor_loss(actor: torch.nn.Module, names: list[str], critic_params: list[tor
     return -networks.q1_only(critic_params, obs, action).mean()
 
 
-class TD3ActorPart:
+class TD3ActorPart(Checkpointed):
     """Actor, target actor and (a copy of, unless shared) the online twin critic.
 
     ``load_critic`` copies critic weights in place; with ``shared=True`` the critic *is*
@@ -101,6 +102,7 @@ class TD3ActorPart:
     """
 
     algo = "td3"
+    role = "actor part"
 
     def __init__(self, actor: DeterministicActor, critic: TwinCritic, cfg: TD3Config, shared: bool,
                  sparse: SparseTopology | None = None) -> None:
@@ -159,16 +161,9 @@ class TD3ActorPart:
         named: Named = {"actor": self.actor, "actor_target": self.actor_target, "opt": self.opt}
         return named if self.shared else {**named, "critic": self.critic}
 
-    def save(self) -> dict[str, Any]:
-        return base.save_named(self.algo, self.updates, self.named(), self.sparse)
-
-    def load(self, d: dict[str, Any]) -> None:
-        self.updates = base.load_named("td3 actor part", self.algo, self.named(), d, self.sparse)
-        if self.fast is not None:
-            self.fast.rebind()
 
 
-class TD3CriticPart:
+class TD3CriticPart(Checkpointed):
     """Twin critics, their targets and (a copy of, unless shared) the target actor.
 
     ``load_actor`` copies the *target* actor in place (the online actor is not needed);
@@ -177,6 +172,7 @@ class TD3CriticPart:
     """
 
     algo = "td3"
+    role = "critic part"
 
     def __init__(self, critic: TwinCritic, actor_target: DeterministicActor, cfg: TD3Config, shared: bool,
                  generator: torch.Generator, sparse: SparseTopology | None = None) -> None:
@@ -246,13 +242,6 @@ class TD3CriticPart:
                         "generator": self.generator}
         return named if self.shared else {**named, "actor_target": self.actor_target}
 
-    def save(self) -> dict[str, Any]:
-        return base.save_named(self.algo, self.updates, self.named(), self.sparse)
-
-    def load(self, d: dict[str, Any]) -> None:
-        self.updates = base.load_named("td3 critic part", self.algo, self.named(), d, self.sparse)
-        if self.fast is not None:
-            self.fast.rebind()
 
 
 def build(obs_dim: int, act_dim: int, low: np.ndarray, high: np.ndarray, cfg: TD3Config,

@@ -105,3 +105,13 @@ def test_the_readme_is_a_front_door() -> None:
     assert len(text.encode()) <= 12 * 1024, "README.md grows past 12 KB: move the detail to a docs page"
     for needed in ("## Quick start", "### GPU install", ".venv/bin/python -m pytest -q", "mkdocs serve"):
         assert needed in text, needed
+
+
+def test_the_front_pages_name_the_protocol_version_the_code_speaks() -> None:
+    from spreeze.proto.codec import PROTOCOL_VERSION
+    from spreeze.proto.messages import SPEC_VERSION
+
+    named = f"protocol document version {SPEC_VERSION}, wire version {PROTOCOL_VERSION}"
+    for page in (ROOT / "README.md", ROOT / "docs" / "index.md", ROOT / "docs" / "protocol.md"):
+        text = " ".join(page.read_text().split())
+        assert named in text, f"{page.name} does not say '{named}'"

@@ -84,7 +84,8 @@ def _batches(n: int = 4, device: str = "cpu") -> list[dict[str, torch.Tensor]]:
 def _tensors(actor, critic) -> dict[str, torch.Tensor]:
     out = {f"actor.{k}": v for k, v in actor.actor.state_dict().items()}
     out.update({f"critic.{k}": v for k, v in critic.critic.state_dict().items()})
-    out.update({f"critic_target.{k}": v for k, v in critic.critic_target.state_dict().items()})
+    if getattr(critic, "critic_target", None) is not None:  # CrossQ keeps none
+        out.update({f"critic_target.{k}": v for k, v in critic.critic_target.state_dict().items()})
     if getattr(actor, "actor_target", None) is not None:
         out.update({f"actor_target.{k}": v for k, v in actor.actor_target.state_dict().items()})
     if getattr(actor, "log_alpha", None) is not None:

@@ -142,11 +142,11 @@ class VisualizerConfig:
         if not self.host:
             raise ConfigError("visualizer.host='' must be an address, e.g. 127.0.0.1")
         _choice(self, "wandb_mode", ("online", "offline"))
+        if self.wandb and not self.enabled:
+            raise ConfigError("visualizer.wandb=true needs visualizer.enabled=true: the visualizer is what logs to W&B")
         if self.wandb and importlib.util.find_spec("wandb") is None:
             raise ConfigError("visualizer.wandb=true needs the wandb package: pip install 'spreeze[wandb]' "
                               "(or pip install wandb) where the visualizer runs")
-        if self.wandb and not self.enabled:
-            raise ConfigError("visualizer.wandb=true needs visualizer.enabled=true: the visualizer is what logs to W&B")
         if self.wandb and not self.wandb_project:
             raise ConfigError("visualizer.wandb_project='' must name a W&B project")
         if not 0 <= self.port <= 65535:

@@ -303,3 +303,12 @@ def test_wandb_config_is_validated(tmp_path: Path) -> None:
         config(tmp_path, "visualizer.wandb_mode=cloud")
     with pytest.raises(ConfigError, match="needs visualizer.enabled=true"):
         config(tmp_path, "visualizer.wandb=true", "visualizer.enabled=false")
+
+
+def test_wandb_without_its_package_is_refused_by_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+    with pytest.raises(ConfigError, match=r"needs the wandb package: pip install 'spreeze\[wandb\]'"):
+        config(tmp_path, "visualizer.wandb=true")

@@ -120,8 +120,9 @@ def test_stack_deploys_trains_scales_and_replaces_a_killed_task(swarm: str) -> N
         os.kill(victim["State"]["Pid"], signal.SIGKILL)
         de.wait_for(lambda: registered("critic_learner").get("restarts", 0) >= 1
                     and registered("critic_learner").get("state") == "running", 300, "the critic-learner back")
-        replaced = [c for c in stack_containers() if service_name(c) == f"{STACK}_critic_learner"]
-        assert replaced and replaced[0]["Id"] != victim["Id"]  # a new task, not the old container
+        # a new task, not the old container; `docker ps` may list it a moment after it registered
+        de.wait_for(lambda: [c for c in stack_containers() if service_name(c) == f"{STACK}_critic_learner"
+                             and c["Id"] != victim["Id"]], 60, "the critic-learner's new container")
 
         de.wait_for(lambda: len(evals()) >= 2, 600, "two evaluations")
         steps_hz, frames_hz = rates(metrics())

@@ -15,6 +15,7 @@ one `CheckpointMismatch` that names what differs.
 from __future__ import annotations
 
 import copy
+import math
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Generic, Protocol, TypeVar
@@ -159,6 +160,13 @@ def load_module_state(module: nn.Module, state: Mapping[str, np.ndarray]) -> Non
             if arr.shape != tuple(tensor.shape):
                 raise ValueError(f"state[{name!r}] shape {arr.shape} != {tuple(tensor.shape)}")
             tensor.copy_(torch.from_numpy(arr))
+
+
+def load_temperature(log_alpha: torch.Tensor, extras: Mapping[str, float]) -> None:
+    """Set ``log_alpha`` in place from a peer's extras: its exact ``log_alpha``, else log of ``alpha``."""
+    la = extras["log_alpha"] if "log_alpha" in extras else math.log(extras["alpha"])
+    with torch.no_grad():
+        log_alpha.fill_(la)
 
 
 def params(module: nn.Module) -> list[torch.Tensor]:

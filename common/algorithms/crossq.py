@@ -255,9 +255,7 @@ class CrossQCriticPart(Checkpointed):
             return
         base.load_module_state(self.actor, state)
         if self.stochastic:
-            la = extras["log_alpha"] if "log_alpha" in extras else math.log(extras["alpha"])
-            with torch.no_grad():
-                self.log_alpha.fill_(la)
+            base.load_temperature(self.log_alpha, extras)
 
     def named(self) -> Named:
         named: Named = {"critic": self.critic, "opt": self.opt, "generator": self.generator}

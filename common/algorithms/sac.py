@@ -245,9 +245,7 @@ class SACCriticPart(Checkpointed):
         if self.shared:
             return
         base.load_module_state(self.actor, state)
-        la = extras["log_alpha"] if "log_alpha" in extras else math.log(extras["alpha"])
-        with torch.no_grad():
-            self.log_alpha.fill_(la)
+        base.load_temperature(self.log_alpha, extras)
 
     def named(self) -> Named:
         """What it checkpoints, by name (the actor and temperature copies when it owns them)."""

@@ -48,3 +48,8 @@ class PolicyShapeError(PolicyError):
 
 class PolicyExportError(PolicyError):
     """A torch module cannot be described as an acting policy; the message names its path and type."""
+
+
+class CheckpointError(SpreezeError, ValueError):
+    """A checkpoint file (and the one kept before it) cannot be read back whole: truncated, or
+    its bytes differ from what was written; the message names each file and what is wrong."""

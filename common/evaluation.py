@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import gymnasium as gym
 import numpy as np
 
+from spreeze.common.checkpoint_files import readable
 from spreeze.common.errors import ConfigError
 from spreeze.common.numpy_policy import NumpyActor
 
@@ -35,16 +36,18 @@ def run_episodes(env: gym.Env, actor: NumpyActor, episodes: int,
 
 
 def checkpoint_path(run_dir: Path, which: str) -> Path:
-    """RUN_DIR/checkpoints/<which>.pt; a ConfigError saying what is missing when it is not there."""
+    """RUN_DIR/checkpoints/<which>.pt (or the one before it, where that is damaged); a ConfigError
+    saying what is missing when there is none, a CheckpointError naming both when both are damaged."""
     if not run_dir.exists():
         raise ConfigError(f"{str(run_dir)!r} does not exist")
     if not run_dir.is_dir():
         raise ConfigError(f"{str(run_dir)!r} is not a run directory (a file)")
     path = run_dir / "checkpoints" / f"{which}.pt"
-    if not path.is_file():
+    found = readable(path)  # (the one kept before it where `path` is damaged)
+    if found is None:
         raise ConfigError(f"no {which} checkpoint in {str(run_dir)!r} (checkpoints/{path.name}): the evaluator "
                           "writes it after an evaluation; has the run evaluated at least once?")
-    return path
+    return found
 
 
 def rebuilt_policy(cfg: Any, obs_dim: int, low: np.ndarray, high: np.ndarray) -> dict[str, Any]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 import warnings
 from collections import deque
@@ -148,19 +147,6 @@ class BatchStream:
         if self.device.type != "cpu":
             m = m.pin_memory().to(self.device, non_blocking=True)
         return m
-
-
-def atomic_save(obj: Any, path: str | Path) -> None:
-    """torch.save to a temporary file beside `path`, then rename over it."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        torch.save(obj, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)  # a failed save (disk full...) must not leave the partial file
-        raise
 
 
 def checkpoint_dir(run_dir: str) -> Path:

@@ -32,11 +32,12 @@ import zmq.asyncio
 from spreeze.proto.codec import Encoder
 from spreeze.common.config import Config, from_dict
 from spreeze.common.curve_auth import CurveKeys, client_keys, server_keys, start_authenticator
+from spreeze.common.disk import DiskWrites
 from spreeze.common.errors import ConfigError, PeerError, TransportTimeout
 from spreeze.common.health import serve_health
 from spreeze.common.health_probe import ENV_HEALTH
 from spreeze.common.transport import Channel, tcp_host, transport_seconds
-from spreeze.proto.messages import Control, ControlReply, Error, Heartbeat, Metrics, Register, Welcome
+from spreeze.proto.messages import Control, ControlReply, Error, Event, Heartbeat, Metrics, Register, Welcome
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,7 @@ class Service:
         self.supervisor_seen = time.monotonic()
         self.channels: list[Channel] = [control]  # every socket of this service: their error counts go out as metrics
         self.metrics_out = self.channel("metrics_in", binding=False)
+        self.disk = DiskWrites(self.notify)  # writes into the run directory that a full disk may refuse
 
     # ------------------------------------------------------------ for subclasses
     async def serve(self) -> None:
@@ -135,6 +137,11 @@ class Service:
         values = {**values, "cpu_s": time.process_time(), "transport_s": transport_seconds(),
                   **self.error_metrics()}
         self.metrics_out.send_nowait(Metrics(service=self.service_id, values=values))
+
+    def notify(self, kind: str, reason: str) -> None:
+        """An event the console and the dashboard show (and the log keeps)."""
+        log.warning("%s: %s", kind, reason)
+        self.metrics_out.send_nowait(Event(kind, reason, {"service": self.service_id, "notify": True}))
 
     @property
     def running(self) -> bool:

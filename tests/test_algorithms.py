@@ -145,14 +145,15 @@ def test_ddpg_trains_split_and_fused_through_the_services_and_resumes(tmp_path: 
 def test_a_learner_refuses_a_checkpoint_of_another_algorithm_naming_it(tmp_path: Path) -> None:
     """A checkpoint without the config it was made with (copied in by hand) still stops the
     learner with one error naming the algorithms, not a KeyError deep in a state-dict load."""
-    from spreeze.common.learner_io import atomic_save, checkpoint_dir
+    from spreeze.common.checkpoint_files import save_checkpoint
+    from spreeze.common.learner_io import checkpoint_dir
     from spreeze.services.learner.main import Learner
     from tests.helpers import Harness, config, parts, run
 
     sac_actor, sac_critic = parts(config(tmp_path, "algo=sac"))
     path = checkpoint_dir(str(tmp_path)) / "learner.pt"
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_save({"actor": sac_actor.save(), "critic": sac_critic.save(), "updates": 3,
+    save_checkpoint({"actor": sac_actor.save(), "critic": sac_critic.save(), "updates": 3,
                  "torch_rng": torch.get_rng_state()}, path)
 
     async def body() -> None:

@@ -11,7 +11,8 @@ import torch
 
 from spreeze.common.errors import TransportTimeout
 from spreeze.common.evaluation import evaluate_checkpoint
-from spreeze.common.learner_io import atomic_save, checkpoint_dir
+from spreeze.common.checkpoint_files import save_checkpoint
+from spreeze.common.learner_io import checkpoint_dir
 from spreeze.common.service import Service
 from spreeze.common.transport import Channel
 from spreeze.common.weights import WeightsPublisher, dense_message
@@ -85,7 +86,7 @@ def test_evaluate_publishes_and_writes_latest_and_best(tmp_path: Path) -> None:
         async with Harness(config(tmp_path, "eval.episodes=2")) as h:
             metrics = h.metrics()
             ev = h.build(Evaluator)
-            atomic_save({"updates": 77}, checkpoint_dir(str(tmp_path)) / "learner.pt")
+            save_checkpoint({"updates": 77}, checkpoint_dir(str(tmp_path)) / "learner.pt")
             ev.newest = actor(h, 3, 6, env_steps=1234)
             await subscribed(ev, metrics)
             result = await ev.evaluate()
@@ -103,7 +104,7 @@ def test_evaluate_publishes_and_writes_latest_and_best(tmp_path: Path) -> None:
             got_back = evaluate_checkpoint(tmp_path, 1, "best")  # the CLI's reader accepts it
             assert got_back
             older = {k: v for k, v in best.items() if k != "policy"}  # written before checkpoints had one
-            atomic_save(older, checkpoint_dir(str(tmp_path)) / "best.pt")
+            save_checkpoint(older, checkpoint_dir(str(tmp_path)) / "best.pt")
             assert evaluate_checkpoint(tmp_path, 1, "best") == got_back  # rebuilt from the run config
             ev.best = 1e9  # the next result is worse: best.pt stays
             ev.newest = actor(h, 4, 8)

@@ -15,7 +15,8 @@ import zmq
 
 
 from spreeze.common.errors import ConfigError
-from spreeze.common.learner_io import atomic_save, checkpoint_dir
+from spreeze.common.checkpoint_files import save_checkpoint
+from spreeze.common.learner_io import checkpoint_dir
 from spreeze.common.numpy_policy import NumpyActor
 from spreeze.common.weights import WeightsFollower, WeightsPublisher, dense_message
 from spreeze.proto.messages import Weights
@@ -102,23 +103,6 @@ def test_fused_learner_updates_publishes_and_caches_weights(tmp_path: Path) -> N
             # no temporary file left
             assert sorted(p.name for p in ckpt.iterdir()) == ["learner.made-for.json", "learner.pt"]
     run(body())
-
-
-def test_atomic_save_keeps_the_old_file_when_saving_fails(tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    path = tmp_path / "checkpoints" / "learner.pt"
-    atomic_save({"updates": 1}, path)
-
-    def broken(obj: Any, f: Any) -> None:
-        Path(f).write_bytes(b"partial")
-        raise OSError("disk full")
-
-    monkeypatch.setattr(torch, "save", broken)
-    with pytest.raises(OSError, match="disk full"):
-        atomic_save({"updates": 2}, path)
-    monkeypatch.undo()
-    assert torch.load(path, weights_only=False) == {"updates": 1}
-    assert [p.name for p in path.parent.iterdir()] == ["learner.pt"]
 
 
 def critic_weights(h: Harness, updates: int) -> Weights:
@@ -297,7 +281,7 @@ def test_a_learner_refuses_a_checkpoint_of_other_networks(tmp_path: Path) -> Non
         async with Harness(config(tmp_path)) as h:
             lrn = h.build(Learner)
             other = to_dict(config(tmp_path, "td3.hidden=[8,8]"))
-            atomic_save({"config": other, "torch_rng": torch.get_rng_state(), "updates": 0}, lrn.checkpoint_path)
+            save_checkpoint({"config": other, "torch_rng": torch.get_rng_state(), "updates": 0}, lrn.checkpoint_path)
             with pytest.raises(ConfigError, match=r"td3\.hidden: checkpoint \[8, 8\], this run \[32, 32\]"):
                 lrn.restored()
     run(body())

@@ -23,7 +23,7 @@ from spreeze.services.supervisor.processes import (
     OBSERVER_NICE, Child, RestartPolicy, ServiceSpec, roster, service, spawn)
 from spreeze.services.supervisor.progress import Progress
 from spreeze.services.supervisor.samplers import SamplerPool
-from tests.helpers import config
+from tests.helpers import config, run
 
 pytestmark = pytest.mark.timeout(10)
 ROOT = Path(__file__).resolve().parents[1]
@@ -354,3 +354,20 @@ def test_a_hub_tunes_what_its_set_commands_reach_and_never_the_samplers(tmp_path
     (tmp_path / "local").mkdir()
     local = Supervisor(config(tmp_path / "local"))  # the same window where it starts the samplers itself
     assert local.tunable and "samplers+" in TuningLoop(local, local.cfg, local.pinned).tuner.candidates(sampling_bound)
+
+
+def test_a_supervisor_loop_that_raises_stops_the_run_as_a_failure_naming_it(tmp_path: Path) -> None:
+    sup = Supervisor(config(tmp_path), quiet=True)
+
+    async def metrics_loop() -> None:
+        raise OSError(5, "Input/output error")
+
+    async def body() -> None:
+        task = asyncio.create_task(metrics_loop(), name="Supervisor.metrics_loop")
+        task.add_done_callback(sup.loop_ended)
+        await asyncio.wait_for(sup.done.wait(), 5)
+
+    run(body())
+    assert sup.failure is not None
+    assert "the supervisor's Supervisor.metrics_loop failed" in sup.stop_reason and "Input/output" in sup.stop_reason
+    sup.progress.close()

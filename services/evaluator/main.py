@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import time
 from typing import Any
 
@@ -24,7 +23,9 @@ import torch
 from spreeze.common.config import to_dict
 from spreeze.common.evaluation import run_episodes
 from spreeze.common.envs import make_env
-from spreeze.common.learner_io import atomic_save, checkpoint_dir
+from spreeze.common.checkpoint_files import readable, save_checkpoint
+from spreeze.common.disk import write_atomically
+from spreeze.common.learner_io import checkpoint_dir
 from spreeze.common.errors import VideoError
 from spreeze.common.numpy_policy import NumpyActor
 from spreeze.common.service import Service
@@ -67,7 +68,11 @@ class Evaluator(Service):
         """Best return, evaluation count and last evaluated version of an earlier incarnation."""
         if not self.record_path.is_file():
             return
-        rec = json.loads(self.record_path.read_text())
+        try:
+            rec = json.loads(self.record_path.read_text())
+        except (OSError, ValueError) as exc:  # (written atomically: damaged since)
+            log.warning("%s cannot be read (%s): evaluation counts start again", self.record_path, exc)
+            return
         self.best = float(rec["best"]) if rec["best"] is not None else -np.inf
         self.evaluations = int(rec["evaluations"])
         self.evaluated_version, self.last_eval_updates = int(rec["version"]), int(rec["updates"])
@@ -76,9 +81,7 @@ class Evaluator(Service):
     def save_record(self) -> None:
         rec = {"best": None if self.best == -np.inf else self.best, "evaluations": self.evaluations,
                "version": self.evaluated_version, "updates": self.last_eval_updates}
-        tmp = self.record_path.with_name(".evaluator.json.tmp")
-        tmp.write_text(json.dumps(rec))
-        os.replace(tmp, self.record_path)
+        write_atomically(self.record_path, json.dumps(rec).encode())
 
     def counters(self) -> dict[str, Any]:
         return {"evaluations": self.evaluations, "best": float(self.best)}
@@ -149,21 +152,21 @@ class Evaluator(Service):
                             "env_steps": result.env_steps, "updates": result.updates,
                             "actor_version": result.actor_version},
                    "learners": self.learner_states(), "config": to_dict(self.cfg)}
-        atomic_save(payload, ckpt / "latest.pt")
-        if result.return_mean > self.best:
-            self.best = result.return_mean
-            atomic_save(payload, ckpt / "best.pt")
-        self.save_record()
+        self.disk.attempt("checkpoint latest.pt", lambda: save_checkpoint(payload, ckpt / "latest.pt"))
+        if result.return_mean > self.best and self.disk.attempt(
+                "checkpoint best.pt", lambda: save_checkpoint(payload, ckpt / "best.pt")):
+            self.best = result.return_mean  # (not written: the next evaluation above the old best writes it)
+        self.disk.attempt("evaluator.json", self.save_record)
 
     def learner_states(self) -> dict[str, Any]:
         out = {}
         for name in LEARNER_FILES:
-            path = checkpoint_dir(self.cfg.run_dir) / name
-            if path.exists():
-                try:
+            try:
+                path = readable(checkpoint_dir(self.cfg.run_dir) / name)
+                if path is not None:
                     out[name.removesuffix(".pt")] = torch.load(path, weights_only=False)
-                except Exception as exc:  # a learner may be replacing it right now
-                    log.warning("could not read %s for the checkpoint: %s", path, exc)
+            except Exception as exc:  # a learner may be replacing it right now
+                log.warning("could not read %s for the checkpoint: %s", name, exc)
         return out
 
     async def close(self) -> None:

@@ -44,7 +44,8 @@ from spreeze.common.checkpoint_spec import check_made_for, made_for, write_sidec
 from spreeze.common.config import with_learner_setting
 from spreeze.common.errors import ConfigError
 from spreeze.common.envs import env_spec
-from spreeze.common.learner_io import BatchStream, ObsNormalizer, atomic_save, checkpoint_dir, device_of
+from spreeze.common.checkpoint_files import readable, save_checkpoint
+from spreeze.common.learner_io import BatchStream, ObsNormalizer, checkpoint_dir, device_of
 from spreeze.common.policy_export import describe_actor, with_obs_norm
 from spreeze.common.running_stats import OBS_NORM_KEYS
 from spreeze.common.service import Service, abandonable_thread
@@ -351,14 +352,20 @@ class LearnerBase(Service):
         return checkpoint_dir(self.cfg.run_dir) / f"{self.ROLE}.pt"
 
     def checkpoint(self) -> None:
+        """Save this learner's state (a full disk skips it: said once, training goes on)."""
         extra = {"obs_norm": self.normalizer.state()} if self.normalizer is not None else {}
-        atomic_save({**self.state(), "torch_rng": torch.get_rng_state(), **extra}, self.checkpoint_path)
+        state = {**self.state(), "torch_rng": torch.get_rng_state(), **extra}
+        self.disk.attempt(f"checkpoint {self.checkpoint_path.name}", lambda: self.save_checkpoint(state))
+
+    def save_checkpoint(self, state: dict[str, Any]) -> None:
+        save_checkpoint(state, self.checkpoint_path)
         write_sidecar(self.checkpoint_path, self.cfg)
 
     def restored(self) -> dict[str, Any] | None:
-        """This learner's own checkpoint, if the run has one (restart after a crash, resume)."""
-        path = self.checkpoint_path
-        if not path.is_file():
+        """This learner's own checkpoint, if the run has one (restart after a crash, resume): the
+        newest one that reads back whole (common/checkpoint_files.py)."""
+        path = readable(self.checkpoint_path)
+        if path is None:
             return None
         state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=False)
         if isinstance(state.get("config"), dict):

@@ -204,7 +204,7 @@ class Replay(Service):
     # ------------------------------------------------------------ main loop
     async def serve(self) -> None:
         if self.cfg.replay.snapshot_every_s > 0:
-            self.snapshots = SnapshotWriter(self.snapshot_dir)
+            self.snapshots = SnapshotWriter(self.snapshot_dir, self.disk)
         await asyncio.to_thread(self.restore)  # heartbeats go on while a large ring loads
         self.ready = True
         self.last_snapshot = time.monotonic()

@@ -19,6 +19,7 @@ began, however long the writing takes. The metadata is taken when it begins.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -33,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from spreeze.proto.errors import SpreezeError
+from spreeze.common.disk import DiskWrites, is_full, log_say, write_atomically
 from spreeze.common.replay_buffer import ReplayBuffer
 
 log = logging.getLogger(__name__)
@@ -66,8 +68,9 @@ class Pending:
 class SnapshotWriter:
     """Owns RUN_DIR/replay: starts, feeds and completes snapshots; one at a time."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, disk: DiskWrites | None = None) -> None:
         self.dir = directory
+        self.disk = disk or DiskWrites(log_say)  # a snapshot refused by a full disk is said once
         self.dir.mkdir(parents=True, exist_ok=True)
         for tmp in self.dir.glob(".*.tmp"):  # leftovers of a snapshot killed mid-write
             tmp.unlink(missing_ok=True)
@@ -128,9 +131,13 @@ class SnapshotWriter:
             return None
         self.pending = None
         self.took_s = time.perf_counter() - p.started
-        if p.error is not None:
-            log.error("replay snapshot %d failed: %s", p.k, p.error)
+        if p.error is not None:  # the next snapshot holds its rows too (`last` stays as it was)
+            if isinstance(p.error, OSError) and is_full(p.error):
+                self.disk.refused(f"replay snapshot {p.k}", p.error)
+            else:
+                log.error("replay snapshot %d failed: %s", p.k, p.error)
             return None
+        self.disk.wrote(f"replay snapshot {p.k}")
         self.last = p.meta
         return p.meta
 
@@ -161,6 +168,10 @@ class SnapshotWriter:
                     self._complete(p, f)
                     f = None
             except BaseException as exc:  # disk full...: this snapshot fails, the replay goes on
+                if f is not None:  # its partial segment would only hold space the next one needs
+                    with contextlib.suppress(OSError):
+                        f.close()
+                    Path(f.name).unlink(missing_ok=True)
                 if p is not None:
                     p.error = exc
                     p.done.set()
@@ -179,8 +190,8 @@ class SnapshotWriter:
             np.save(f, np.concatenate(p.owners), allow_pickle=False)
             _close_durably(f)
             os.replace(f.name, self.dir / p.meta["segments"][-1][2])
-        _write_durably(self.dir / f"snap-{p.k:06d}.json", json.dumps(p.meta).encode())
-        _write_durably(self.dir / f"snap-{p.k:06d}.done", b"ok\n")
+        write_atomically(self.dir / f"snap-{p.k:06d}.json", json.dumps(p.meta).encode())
+        write_atomically(self.dir / f"snap-{p.k:06d}.done", b"ok\n")
         _sync_dir(self.dir)
         self._collect(p.meta)
         p.done.set()
@@ -261,15 +272,6 @@ def _close_durably(f: Any) -> None:
     f.flush()
     os.fsync(f.fileno())
     f.close()
-
-
-def _write_durably(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _sync_dir(directory: Path) -> None:

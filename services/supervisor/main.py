@@ -32,6 +32,7 @@ import zmq.asyncio
 from spreeze.proto.codec import Encoder
 from spreeze.common.config import TCP_OFFSETS, Config, to_dict, with_learner_setting
 from spreeze.common.curve_auth import CurveKeys, client_keys, server_keys, start_authenticator
+from spreeze.common.disk import DiskWrites, write_atomically
 from spreeze.common.errors import ConfigError
 from spreeze.proto.errors import SpreezeError
 from spreeze.common.health import serve_health
@@ -87,7 +88,8 @@ class Supervisor:
         self.tunable = specs is None and cfg.supervisor.tune
         self.pinned = pinned | HUB_IGNORES if hub else pinned  # keys the tuner leaves as they are
         self.run_dir = Path(cfg.run_dir)
-        self.progress = Progress(self.run_dir / "metrics.jsonl", cfg.total_steps, cfg.time_limit)
+        self.disk = DiskWrites(lambda kind, reason: self.say(f"event {kind}: {reason}"))  # full disk: said once
+        self.progress = Progress(self.run_dir / "metrics.jsonl", cfg.total_steps, cfg.time_limit, self.disk)
         self.learner_id = LEARNER if cfg.learner.mode == "fused" else CRITIC_LEARNER  # whose updates count
         learners = [LEARNER] if cfg.learner.mode == "fused" else [CRITIC_LEARNER, ACTOR_LEARNER]
         self.cores = (core_sets(learners, cfg.learner.threads, sorted(os.sched_getaffinity(0)))
@@ -128,7 +130,9 @@ class Supervisor:
             jobs.append(self.announce_plan())
         if self.tuning:
             jobs.append(self.tuning.run())
-        tasks = [asyncio.create_task(c) for c in jobs]
+        tasks = [asyncio.create_task(c, name=getattr(c, "__qualname__", None)) for c in jobs]
+        for task in tasks:
+            task.add_done_callback(self.loop_ended)
         await self.done.wait()
         await self.shutdown()
         for task in tasks:
@@ -178,6 +182,15 @@ class Supervisor:
     def on_signal(self, sig: int) -> None:
         self.interrupted = self.interrupted or (sig == signal.SIGINT and not self.done.is_set())
         self.stop(f"signal {signal.Signals(sig).name}")
+
+    def loop_ended(self, task: asyncio.Task[Any]) -> None:
+        """A loop of the supervisor that raised stops the run as a failure, naming the error (a
+        run whose metrics or watch loop is gone would otherwise wait for ever)."""
+        if task.cancelled() or task.exception() is None:
+            return
+        exc = task.exception()
+        log.error("the supervisor's %s failed", task.get_name(), exc_info=exc)
+        self.stop(f"the supervisor's {task.get_name()} failed: {exc!r}", failure=True)
 
     def stop(self, reason: str, failure: bool = False) -> None:
         if not self.done.is_set():
@@ -257,9 +270,8 @@ class Supervisor:
                       "last_heartbeat": unix - (now - c.last_heartbeat) if c.last_heartbeat else None}
                 for sid, c in self.children.items()}
         rows.update(self.externals.rows())
-        tmp = self.run_dir / ".services.json.tmp"
-        tmp.write_text(json.dumps(rows, indent=1))
-        os.replace(tmp, self.run_dir / "services.json")
+        data = json.dumps(rows, indent=1).encode()
+        self.disk.attempt("services.json", lambda: write_atomically(self.run_dir / "services.json", data))
 
     def crashed(self, child: Child, why: str) -> None:
         """Schedule a restart with backoff, or stop the run after too many."""

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from spreeze.common.compile_state import compile_state
+from spreeze.common.disk import AppendOnly, DiskWrites, log_say
 from spreeze.common.sparse_stats import combined_flops_ratio
 from spreeze.proto.messages import EvalResult, Event, Message, Metrics
 from spreeze.proto.names import LEARNER_ROLES
@@ -42,8 +43,8 @@ class StepRate:
 class Progress:
     """Keeps the newest metrics per service and writes every record to metrics.jsonl."""
 
-    def __init__(self, path: Path, total_steps: int, time_limit: float) -> None:
-        self.file: IO[str] = open(path, "a", buffering=1)
+    def __init__(self, path: Path, total_steps: int, time_limit: float, disk: DiskWrites | None = None) -> None:
+        self.file = AppendOnly(path, disk or DiskWrites(log_say))  # a full disk holds records back until it has room
         self.start = time.monotonic()
         self.total_steps, self.time_limit = total_steps, time_limit
         self.latest: dict[str, dict[str, Any]] = {}

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import yaml
 
+from spreeze.common.checkpoint_files import check_checkpoints
 from spreeze.common.checkpoint_spec import check_run_checkpoints
 from spreeze.common.config import Config, check_budget, to_dict
 from spreeze.common.devices import checked_devices
@@ -34,6 +35,7 @@ def start(cfg: Config, pinned: frozenset[str], resumed: bool, quiet: bool) -> in
     (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
     logging.basicConfig(filename=run_dir / "supervisor.log", level=logging.INFO,
                         format="%(asctime)s supervisor %(levelname)s %(name)s: %(message)s")
+    logging.raiseExceptions = False  # a full disk: no traceback per log line on the console (said once instead)
     verb = "resuming" if resumed else "training"
     print(f"spreeze: {verb} {cfg.algo} on {cfg.env} for {cfg.total_steps:,} env steps; run dir {run_dir}",
           flush=True)
@@ -53,6 +55,8 @@ def check_run_dir(cfg: Config, resumed: bool) -> None:
                           f"continue it with --resume {run_dir}, or choose another --run-dir")
     if resumed:
         check_run_checkpoints(cfg, run_dir / "checkpoints")  # refuse checkpoints of other networks now
+        for note in check_checkpoints(run_dir / "checkpoints"):  # and ones that do not read back whole
+            print(f"spreeze: {note}", flush=True)
 
 
 def planned(cfg: Config, pinned: frozenset[str], hardware: probe.Hardware, resumed: bool = False

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import socket
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ from aiohttp import web
 
 from spreeze.common.compile_state import compile_state
 from spreeze.common.errors import ConfigError, TransportTimeout
+from spreeze.common.disk import write_atomically
 from spreeze.common.metric_series import MetricSeries, message_row
 from spreeze.common.service import Service
 from spreeze.proto.messages import Event, Message
@@ -59,7 +59,7 @@ class Visualizer(Service):
         if vc.tensorboard:
             from spreeze.services.visualizer.tensorboard import TensorBoardWriter
 
-            sinks.append(TensorBoardWriter(self.run_dir / "tensorboard", self.series))
+            sinks.append(TensorBoardWriter(self.run_dir / "tensorboard", self.series, self.disk))
         if vc.wandb:
             from spreeze.services.visualizer.wandb_logger import WandbLogger
 
@@ -127,9 +127,8 @@ class Visualizer(Service):
         await web.SockSite(self.runner, sock).start()
         host, port = sock.getsockname()[:2]
         self.url = f"http://{f'[{host}]' if ':' in host else host}:{port}/"
-        tmp = self.run_dir / ".dashboard.url.tmp"
-        tmp.write_text(self.url + "\n")
-        os.replace(tmp, self.run_dir / "dashboard.url")
+        url = (self.url + "\n").encode()
+        self.disk.attempt("dashboard.url", lambda: write_atomically(self.run_dir / "dashboard.url", url))
         log.info("dashboard at %s", self.url)
 
     def announce(self) -> None:

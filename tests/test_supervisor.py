@@ -303,6 +303,11 @@ def test_ledger_adds_up_a_restarted_samplers_incarnations() -> None:
     assert line == "ledger: made = stored for 1 sampler(s), 500 env steps"
     _, lost = ledger.record({**replay, "ledger/sampler-0/inserted": 420})
     assert lost == "ledger: not stored: sampler-0 made 500, stored 420"
+    # SIGKILLed after its last heartbeat (300) the first incarnation sent 64 more: its batches say so
+    killed = {**replay, "ledger/sampler-0/inserted": 564, "ledger/sampler-0/env_steps": 564}
+    assert ledger.record(killed)[1] == "ledger: made = stored for 1 sampler(s), 564 env steps"
+    _, lost = ledger.record({**killed, "ledger/sampler-0/inserted": 500})  # replay lost what the batches made
+    assert lost == "ledger: not stored: sampler-0 made 564, stored 500"
 
 
 def test_a_hub_prints_and_records_the_plan_that_turned_compile_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -2,8 +2,11 @@
 
 Every sampler's heartbeats carry the env steps its current incarnation made; a restarted
 one registers again and counts from 0, so what its earlier incarnations made is kept
-aside. Replay's metrics carry, per sender, the rows it inserted and rejected. At a clean
-end made = stored + rejected for every sampler: nothing accepted was lost.
+aside. Replay's metrics carry, per sender, the rows it inserted and rejected, and the env
+steps its batches say were made (each batch carries its incarnation's count). A SIGKILLed
+incarnation's last heartbeat lags what it sent after it, so a sampler made the larger of
+the two counts. At a clean end made = stored + rejected for every sampler: nothing
+accepted was lost.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ class Ledger:
         rows = {}
         for sid in sorted(self.made):
             inserted, rejected = replay.get(f"ledger/{sid}/inserted", 0), replay.get(f"ledger/{sid}/rejected", 0)
-            rows[sid] = {"made": self.made_before.get(sid, 0) + self.made[sid], "stored": inserted - rejected,
+            made = max(self.made_before.get(sid, 0) + self.made[sid], replay.get(f"ledger/{sid}/env_steps", 0))
+            rows[sid] = {"made": made, "stored": inserted - rejected,
                          "rejected": rejected, "random": replay.get(f"ledger/{sid}/random", 0)}
         record = {"samplers": rows, "warmup_granted": replay.get("warmup_granted", 0)}
         lost = [sid for sid, r in rows.items() if r["made"] - r["stored"] - r["rejected"]]

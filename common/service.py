@@ -37,7 +37,8 @@ from spreeze.common.errors import ConfigError, PeerError, TransportTimeout
 from spreeze.common.health import serve_health
 from spreeze.common.health_probe import ENV_HEALTH
 from spreeze.common.transport import Channel, tcp_host, transport_seconds
-from spreeze.proto.messages import Control, ControlReply, Error, Event, Heartbeat, Metrics, Register, Welcome
+from spreeze.proto.messages import (UNREGISTERED, Control, ControlReply, Error, Event, Heartbeat, Metrics, Register,
+                                    Welcome)
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,7 @@ class Service:
         self.authenticator: Any = None
         self.stopping = asyncio.Event()
         self.paused = False
+        self.rejoining = False  # registering again with a restarted supervisor
         self.started = time.monotonic()
         self.supervisor_seen = time.monotonic()
         self.channels: list[Channel] = [control]  # every socket of this service: their error counts go out as metrics
@@ -173,6 +175,26 @@ class Service:
             self.supervisor_seen = time.monotonic()
             if isinstance(msg, Control):
                 await self.control.send(self.on_control(msg))
+            elif isinstance(msg, Error) and msg.code == UNREGISTERED and not self.rejoining:
+                log.warning("the supervisor does not know this service (it restarted): registering again")
+                self.rejoining = True
+                await self.control.send(self.registration())
+            elif isinstance(msg, Welcome) and self.rejoining:
+                self.rejoined(msg)
+
+    def registration(self) -> Register:
+        return Register(role=self.ROLE, pid=os.getpid(), host=socket.gethostname(), service_id=self.service_id,
+                        remote=self.remote)
+
+    def rejoined(self, welcome: Welcome) -> None:
+        """The welcome of a restarted supervisor: go on where its endpoints are the same (PeerError
+        otherwise: this process exits, for its owner to start it again)."""
+        self.rejoining = False
+        endpoints = reachable(welcome.endpoints, self.control.endpoint) if self.remote else welcome.endpoints
+        if endpoints != self.endpoints:
+            raise PeerError(f"the restarted supervisor gave other endpoints ({endpoints}, were {self.endpoints}): "
+                            "exiting, to be started again")
+        log.info("registered again with the restarted supervisor")
 
     def on_control(self, msg: Control) -> ControlReply:
         try:

@@ -318,6 +318,8 @@ class Error(Message):
     ref_seq: int = -1
 
 
+UNREGISTERED = "unregistered"  # error code: a heartbeat from an id a (restarted) supervisor does not know
+
 CONTROL_COMMANDS = frozenset({"set", "pause", "resume", "shutdown", "ping"})
 
 # ---------------------------------------------------------------- conversions

@@ -298,8 +298,8 @@ def test_ledger_adds_up_a_restarted_samplers_incarnations() -> None:
     replay = {"ledger/sampler-0/inserted": 500, "ledger/sampler-0/rejected": 0, "ledger/sampler-0/random": 100,
               "warmup_granted": 100}
     record, line = ledger.record(replay)
-    assert record == {"samplers": {"sampler-0": {"made": 500, "stored": 500, "rejected": 0, "random": 100}},
-                      "warmup_granted": 100}
+    assert record == {"samplers": {"sampler-0": {"made": 500, "stored": 500, "rejected": 0, "left_unstored": 0,
+                                                 "random": 100}}, "warmup_granted": 100}
     assert line == "ledger: made = stored for 1 sampler(s), 500 env steps"
     _, lost = ledger.record({**replay, "ledger/sampler-0/inserted": 420})
     assert lost == "ledger: not stored: sampler-0 made 500, stored 420"
@@ -308,6 +308,14 @@ def test_ledger_adds_up_a_restarted_samplers_incarnations() -> None:
     assert ledger.record(killed)[1] == "ledger: made = stored for 1 sampler(s), 564 env steps"
     _, lost = ledger.record({**killed, "ledger/sampler-0/inserted": 500})  # replay lost what the batches made
     assert lost == "ledger: not stored: sampler-0 made 564, stored 500"
+    # stopped by its owner mid-run, a sampler says how many steps it leaves unstored (the limiter held them)
+    ledger.heard("sampler-0", {"env_steps": 300, "left_unstored": 36})
+    record, line = ledger.record({**replay, "ledger/sampler-0/inserted": 564})
+    assert record["samplers"]["sampler-0"]["made"] == 600 and record["samplers"]["sampler-0"]["left_unstored"] == 36
+    assert line == ("ledger: made = stored for 1 sampler(s), 564 env steps (36 more left unstored by samplers that "
+                    "exited mid-run: the run had not accepted them)")
+    assert ledger.record({**replay, "ledger/sampler-0/inserted": 560})[1] == \
+        "ledger: not stored: sampler-0 made 600, stored 560, left 36 unstored"
 
 
 def test_a_hub_prints_and_records_the_plan_that_turned_compile_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -57,6 +57,7 @@ class Sampler(Service):
         self.policy: dict[str, Any] = {}  # the acting-policy description self.actor runs
         self.actor_version = -1
         self.random_steps = 0  # env steps of this session acted at random (replay granted outbox.warmup)
+        self.left_unstored = 0  # env steps left unstored at exit (in the last heartbeat, for the ledger)
         self.returns: list[float] = []
         self.lengths: list[int] = []
         self.pushed = 0
@@ -65,7 +66,8 @@ class Sampler(Service):
         self.push: Channel | None = None
 
     def counters(self) -> dict[str, Any]:
-        return {"env_steps": self.envs.steps, "actor_version": self.actor_version, "random_steps": self.random_steps}
+        return {"env_steps": self.envs.steps, "actor_version": self.actor_version, "random_steps": self.random_steps,
+                "left_unstored": self.left_unstored}
 
     def set_param(self, key: str, value: Any) -> None:
         if key not in ("steps_per_push", "envs_per_sampler") or type(value) is not int or value <= 0:
@@ -204,7 +206,11 @@ class Sampler(Service):
             while self.outbox.has_credit() and (msg := self.outbox.next_resend()) is not None:
                 self.push.send_nowait(msg)
             await self.push.sock.poll(ACK_WAIT_MS, zmq.POLLIN)
-        if self.outbox.unstored:
-            log.warning("%d batches sent were not acknowledged as stored at exit", self.outbox.unstored)
+        # env steps this sampler leaves unstored: sent and not acknowledged (the run's rate limiter held
+        # them: replay never accepted them), or never sent. Its last heartbeat says so, for the ledger.
+        self.left_unstored = self.outbox.unstored_rows() + self.envs.steps - self.outbox.sent_env_steps
+        if self.left_unstored:
+            log.warning("leaving %d env steps unstored (%d batches sent were not acknowledged as stored)",
+                        self.left_unstored, self.outbox.unstored)
         self.report(1.0, 0)
         self.envs.close()

@@ -22,6 +22,7 @@ class Outbox:
     def __init__(self, window: int, timeout: float) -> None:
         self.window, self.timeout = window, timeout
         self.sent = 0  # batch number of the newest batch (batches are numbered from 1)
+        self.sent_env_steps = 0  # the env_steps count the newest batch carried
         self.stored = 0  # replay's newest report: batches <= stored are stored
         self.durable = 0  # batches <= durable are in a snapshot: forgotten here
         self.kept: deque[Experience] = deque()  # numbered and not yet durable, oldest first
@@ -40,6 +41,10 @@ class Outbox:
     def unstored(self) -> int:
         return self.sent - self.stored
 
+    def unstored_rows(self) -> int:
+        """Rows (env steps) of the batches sent that replay has not reported stored."""
+        return sum(len(m.transitions) for m in self.kept if m.batch > self.stored)
+
     def has_credit(self) -> bool:
         return self.front - self.stored < self.window
 
@@ -48,6 +53,7 @@ class Outbox:
         if self.sent == self.stored:
             self.progress_at = time.monotonic()  # the ack clock starts with the first unacked batch
         self.sent += 1
+        self.sent_env_steps = msg.env_steps
         msg.batch = self.sent
         self.kept.append(msg)
         return msg

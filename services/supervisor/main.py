@@ -39,7 +39,8 @@ from spreeze.common.health import serve_health
 from spreeze.common.health_probe import ENV_HEALTH
 from spreeze.common.service import ENV_KEYS
 from spreeze.common.transport import Channel, bind_address
-from spreeze.proto.messages import Control, ControlReply, Error, EvalResult, Event, Heartbeat, Register, Welcome
+from spreeze.proto.messages import (UNREGISTERED, Control, ControlReply, Error, EvalResult, Event, Heartbeat,
+                                    Register, Welcome)
 from spreeze.proto.names import (ACTOR_LEARNER, CRITIC_LEARNER, EVALUATOR, LEARNER, LEARNER_ROLES, REPLAY, SAMPLER,
                          VISUALIZER)
 from spreeze.services.supervisor.endpoints import run_endpoints
@@ -317,7 +318,9 @@ class Supervisor:
             elif isinstance(msg, Heartbeat) and child is not None:
                 child.last_heartbeat, child.state, child.counters = time.monotonic(), msg.state, msg.counters
             elif isinstance(msg, Heartbeat):
-                self.external_heartbeat(sid, msg)
+                if not self.external_heartbeat(sid, msg) and msg.state not in ("stopping", "stopped"):
+                    await self.control.send(Error(UNREGISTERED, f"{sid!r} is not registered with this supervisor "
+                                                  "(it restarted): register again", msg.TYPE), to=peer)
             elif isinstance(msg, ControlReply) and not msg.ok:
                 log.warning("%s refused control request %d: %s", sid, msg.request_id, msg.detail)
 
@@ -354,18 +357,21 @@ class Supervisor:
         self.write_roster()
         await self.send_welcome(peer, sid, msg.role, endpoints)
 
-    def external_heartbeat(self, sid: str, msg: Heartbeat) -> None:
+    def external_heartbeat(self, sid: str, msg: Heartbeat) -> bool:
+        """Take a heartbeat of a service this supervisor did not start; False: it is not registered."""
         was = self.externals.by_id.get(sid)
         old_state = was.state if was is not None else None
         ext = self.externals.beat(sid, msg, time.monotonic())
         if ext is None:
-            log.warning("heartbeat from unregistered service %r ignored", sid)
-        elif ext.state == "stopped":
+            log.warning("heartbeat from unregistered service %r: asked to register again", sid)
+            return False
+        if ext.state == "stopped":
             self.leave(ext, "exited")
         elif old_state != ext.state:
             if old_state == "gone":
                 self.emit("rejoin", f"{sid} is heard again", {"service": sid})
             self.write_roster()
+        return True
 
     def leave(self, ext: External, why: str) -> None:
         """An external left (exited or went silent): out of the run's accounting."""

@@ -384,3 +384,18 @@ def test_a_supervisor_loop_that_raises_stops_the_run_as_a_failure_naming_it(tmp_
     assert sup.failure is not None
     assert "the supervisor's Supervisor.metrics_loop failed" in sup.stop_reason and "Input/output" in sup.stop_reason
     sup.progress.close()
+
+
+def test_a_run_without_samplers_says_so_once_with_how_to_add_one_and_when_one_is_back() -> None:
+    from spreeze.services.supervisor.sampler_watch import SamplerWatch, hint
+
+    watch = SamplerWatch(hint(hub=True, listen="tcp://0.0.0.0:5555"), after_s=10)
+    assert watch.check(1, 0.0) is None
+    assert watch.check(0, 1.0) is None and watch.check(0, 10.9) is None  # a restart takes a few seconds
+    kind, reason = watch.check(0, 11.0)  # type: ignore[misc]
+    assert kind == "no_sampler" and "for 10s" in reason and "docker compose up -d --scale sampler=N" in reason
+    assert "spreeze sampler --connect tcp://0.0.0.0:5555" in reason
+    assert watch.check(0, 30.0) is None  # said once per stretch
+    assert watch.check(2, 31.0) == ("samplers_back", "2 samplers attached again")
+    assert watch.check(0, 32.0) is None and watch.check(0, 42.0)[0] == "no_sampler"  # type: ignore[index]
+    assert "attach one: `spreeze sampler --connect" in hint(hub=False, listen="tcp://h:1")

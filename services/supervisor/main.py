@@ -46,6 +46,8 @@ from spreeze.proto.names import (ACTOR_LEARNER, CRITIC_LEARNER, EVALUATOR, LEARN
 from spreeze.services.supervisor.endpoints import run_endpoints
 from spreeze.services.supervisor.externals import External, Externals
 from spreeze.services.supervisor.ledger import Ledger
+from spreeze.services.supervisor.sampler_watch import SamplerWatch
+from spreeze.services.supervisor.sampler_watch import hint as sampler_hint
 from spreeze.services.supervisor.probe import Choice, cpu_seconds, host_cpu
 from spreeze.services.supervisor.processes import (Child, RestartPolicy, ServiceSpec, core_sets, last_log_line,
                                                    roster, spawn, terminate)
@@ -110,6 +112,8 @@ class Supervisor:
         self.next_request = 0
         self.last_ping = 0.0  # monotonic time of the last ping round
         self.ledger = Ledger()
+        # a training run says when no sampler feeds it (a custom roster, a benchmark's, may have none)
+        self.sampler_watch = SamplerWatch(sampler_hint(hub, cfg.supervisor.listen)) if specs is None else None
 
     # ------------------------------------------------------------------ main
     async def run(self) -> int:
@@ -412,9 +416,17 @@ class Supervisor:
             self.samplers.reap(now)
             if not self.done.is_set():
                 self.check_externals(now, silence)
+                said = self.sampler_watch.check(self.sampler_count(), now) if self.sampler_watch else None
+                if said is not None:
+                    self.emit(*said, {"notify": False})  # (emit prints it: notify would print it twice)
             if self.cfg.time_limit and self.progress.elapsed >= self.cfg.time_limit:
                 self.stop(f"time limit of {self.cfg.time_limit:.0f}s reached")
             await self.ping_all()
+
+    def sampler_count(self) -> int:
+        """Samplers feeding the run now: its own and the ones that registered on their own."""
+        own = sum(c.spec.role == SAMPLER and c.registered and c.alive for c in self.children.values())
+        return own + len(self.externals.live((SAMPLER,)))
 
     def check(self, child: Child, now: float, silence: float) -> None:
         if self.done.is_set():

@@ -40,6 +40,21 @@ def test_compose_config_is_valid(profile: str, keys: bool) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "services:" in proc.stdout
     assert ("supervisor.keys=/keys" in proc.stdout) == keys
+    published = [line.strip() for line in proc.stdout.splitlines() if line.strip().endswith("/tcp")]
+    assert published and all(p.startswith("- 127.0.0.1:") for p in published), published  # this host only
+
+
+def test_the_tcp_ports_are_published_where_spreeze_publish_host_says() -> None:
+    exe = shutil.which("docker-compose")
+    if exe is None:
+        pytest.skip("docker-compose is not installed (.ci/run installs Debian's package)")
+    env = {**os.environ, "COMPOSE_PROFILES": "cpu", "SPREEZE_PUBLISH_HOST": "0.0.0.0"}
+    proc = subprocess.run([exe, "-f", str(COMPOSE_FILE), "config"], capture_output=True, text=True, env=env,
+                          cwd=ROOT, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    for port in range(5555, 5559):
+        assert f"- 0.0.0.0:{port}:{port}/tcp" in proc.stdout, proc.stdout
+    assert "- 127.0.0.1:8080:8080/tcp" in proc.stdout  # the dashboard stays on this host
 
 
 @pytest.mark.parametrize("profile", PROFILES)

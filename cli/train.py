@@ -7,11 +7,15 @@ import argparse
 import shlex
 from pathlib import Path
 
+import yaml
+
 from spreeze.api import RESUMABLE_KEYS, Resolved, resolve
 from spreeze.cli.argtypes import positive_int
 from spreeze.common.algorithms import ALGOS
+from spreeze.common.checkpoint_spec import check_made_for, made_for
 from spreeze.common.config import Config, field_docs
 from spreeze.common.sparse_config import NETWORKS
+from spreeze.services.supervisor.start import run_state
 
 
 def train_arguments(p: argparse.ArgumentParser) -> None:
@@ -39,6 +43,10 @@ def train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", metavar="RUN_DIR",
                    help="continue a stopped or crashed run with its saved config; only budget keys "
                         f"({', '.join(RESUMABLE_KEYS)}) may be changed")
+    p.add_argument("--or-resume", action="store_true",
+                   help="continue the run in --run-dir where it holds one (made for the same networks; only "
+                        "the budget flags then apply), else start it: for containers, whose restart must go on "
+                        "with their run, and whose finished run must stay finished")
     p.add_argument("--listen", metavar="tcp://HOST:PORT",
                    help="let remote samplers attach on PORT (and PORT+1..3) (config key supervisor.listen)")
     p.add_argument("--keys", metavar="DIR",
@@ -50,11 +58,20 @@ def train_arguments(p: argparse.ArgumentParser) -> None:
 
 def resolved(args: argparse.Namespace) -> Resolved:
     """The run's config from the command line (the API's resolution: spreeze.api.resolve)."""
-    return resolve(args.config, args.overrides, args.resume, env=args.env, algo=args.algo, seed=args.seed,
-                   total_steps=args.total_steps, time_limit=args.time_limit, run_dir=args.run_dir,
-                   stop_at_return=args.stop_at_return,
-                   sparse__network=args.network, supervisor__listen=args.listen,
-                   supervisor__keys=str(Path(args.keys).resolve()) if args.keys else None)
+    where = {"supervisor__listen": args.listen,
+             "supervisor__keys": str(Path(args.keys).resolve()) if args.keys else None}
+    budget = {"total_steps": args.total_steps, "time_limit": args.time_limit, "stop_at_return": args.stop_at_return}
+    run = resolve(args.config, args.overrides, args.resume, env=args.env, algo=args.algo, seed=args.seed,
+                  run_dir=args.run_dir, sparse__network=args.network, **budget, **where)
+    if not args.or_resume or args.resume:
+        return run
+    run_dir = Path(run.config.run_dir)
+    if not run_state(run_dir) or not (run_dir / "config.yaml").is_file():
+        return run  # nothing there yet: a new run
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    check_made_for(f"--or-resume: the run in {str(run_dir)!r}", made_for(saved if isinstance(saved, dict) else {}),
+                   run.config)
+    return resolve(None, [], run_dir, **budget, **where)
 
 
 def train_config(args: argparse.Namespace) -> Config:

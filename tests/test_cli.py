@@ -101,3 +101,25 @@ def test_other_numbers_are_checked_by_argparse(args: list[str]) -> None:
     proc = spreeze(*args)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].startswith(f"spreeze {args[0]}: error: argument "), proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_or_resume_starts_a_run_continues_it_and_leaves_a_finished_one_finished(tmp_path: Path) -> None:
+    """What a container's `spreeze train --or-resume` does: a new run where there is none, the same
+    run continued after a restart, a finished one ended at once, and a different run refused."""
+    from tests.test_integration import FAST, records
+
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "spreeze.cli", "train", "--or-resume", "--run-dir", str(run_dir), *FAST]
+    first = subprocess.run([*cmd, "--total-steps", "2000"], capture_output=True, text=True, timeout=200)
+    assert first.returncode == 0 and "training td3 on Pendulum-v1" in first.stdout, first.stdout + first.stderr
+    again = subprocess.run([*cmd, "--total-steps", "2000"], capture_output=True, text=True, timeout=200)
+    assert again.returncode == 0 and "resuming td3 on Pendulum-v1" in again.stdout, again.stdout + again.stderr
+    assert "budget of 2,000 env steps reached" in again.stdout  # finished: it stays finished
+    more = subprocess.run([*cmd, "--total-steps", "3000"], capture_output=True, text=True, timeout=200)
+    assert more.returncode == 0 and "budget of 3,000 env steps reached" in more.stdout, more.stdout + more.stderr
+    assert len([r for r in records(run_dir, "start")]) == 3
+    other = subprocess.run([sys.executable, "-m", "spreeze.cli", "train", "--or-resume", "--run-dir", str(run_dir),
+                            *FAST, "--algo", "sac"], capture_output=True, text=True, timeout=60)
+    assert other.returncode == 2 and "--or-resume: the run in" in other.stderr and "algo" in other.stderr, other.stderr

@@ -215,6 +215,8 @@ class Supervisor:
         # a short run's learner may stop before its first metrics message
         if self.progress.updates > 0 or int(learner.counters.get("updates", 0)) > 0:
             return None
+        if self.progress.updates_before > 0:  # a resumed run whose budget was spent already
+            return None
         inserted = int(max((float(v.get("inserted", 0)) for v in self.progress.by_role(REPLAY)), default=0))
         if learner.last_error:
             why = f"restarted {learner.total_restarts} time(s) after crashes, the last with: {learner.last_error}"

@@ -44,6 +44,7 @@ class Progress:
     """Keeps the newest metrics per service and writes every record to metrics.jsonl."""
 
     def __init__(self, path: Path, total_steps: int, time_limit: float, disk: DiskWrites | None = None) -> None:
+        self.updates_before = last_progress(path).get("updates", 0)  # a resumed run's earlier sessions made these
         self.file = AppendOnly(path, disk or DiskWrites(log_say))  # a full disk holds records back until it has room
         self.start = time.monotonic()
         self.total_steps, self.time_limit = total_steps, time_limit
@@ -204,3 +205,24 @@ class Progress:
 
     def close(self) -> None:
         self.file.close()
+
+
+def last_progress(path: Path, tail: int = 1 << 20) -> dict[str, Any]:
+    """The newest `progress` record of a metrics.jsonl (from its last MB; {} where none)."""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, 2)
+            f.seek(max(0, size - tail))
+            lines = f.read().splitlines()
+    except OSError:
+        return {}
+    for line in reversed(lines):
+        if b'"kind": "progress"' not in line:
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            return row
+    return {}

@@ -45,11 +45,16 @@ def start(cfg: Config, pinned: frozenset[str], resumed: bool, quiet: bool) -> in
     return asyncio.run(Supervisor(cfg, quiet=quiet, pinned=pinned, plan=choices).run())
 
 
+def run_state(run_dir: Path) -> list[str]:
+    """What of a started run the directory holds (empty: no run)."""
+    return [name for name in RUN_STATE if (run_dir / name).is_dir() and any((run_dir / name).iterdir())]
+
+
 def check_run_dir(cfg: Config, resumed: bool) -> None:
     """A new run needs a run directory that holds no run; a resumed one, checkpoints made for
     its networks. ConfigError saying which and what to do."""
     run_dir = Path(cfg.run_dir)
-    started = [name for name in RUN_STATE if (run_dir / name).is_dir() and any((run_dir / name).iterdir())]
+    started = run_state(run_dir)
     if started and not resumed:
         raise ConfigError(f"run directory {str(run_dir)!r} already holds a run ({', '.join(started)}): "
                           f"continue it with --resume {run_dir}, or choose another --run-dir")

@@ -13,8 +13,9 @@ the rotation:
                         it, and `spreeze train --resume` continues the run
 
 A fault is recovered once the service runs again (a new process in services.json, the
-paused one heard again, the remote sampler registered again) and both env steps and
-updates have moved past their values at the fault (for a pause: at its end). Every
+paused one heard again, the remote sampler registered again) and both replay's inserts and
+the learner's updates rise again; the time counts from the fault (for a pause: from the
+SIGSTOP, so it includes the pause unless the supervisor replaced the silent learner first). Every
 `--sample` seconds each service's resident memory, open file descriptors and sockets are
 read from /proc. At the end the run is stopped with SIGTERM and the ledger (env steps each
 sampler made against those replay stored) must reconcile. The report, a markdown table per
@@ -201,13 +202,17 @@ class Soak:
                 fault.note = "not running at the time: skipped"
                 return
             os.kill(pid, signal.SIGSTOP)
-            self.wait(self.pause_s, sample_every)
+            rising = self.advancing()
+            during = self.until(rising, sample_every, timeout=self.pause_s)  # the supervisor may replace it
             try:
                 os.kill(pid, signal.SIGCONT)
             except ProcessLookupError:
                 pass
-            if self.until(lambda: self.pid(fault.target) is not None, sample_every) is not None:
-                fault.recovered_s = self.until(self.advancing(), sample_every)
+            if during is None and self.until(lambda: self.pid(fault.target) is not None, sample_every) is not None:
+                after = self.until(rising, sample_every)
+                fault.recovered_s = None if after is None else self.pause_s + after
+            else:
+                fault.recovered_s = during
             if self.pid(fault.target) != pid:
                 fault.note = "the supervisor restarted it (silent past its liveness)"
         elif fault.kind == "stop":
@@ -237,7 +242,7 @@ class Soak:
             if self.until(lambda: self.pid("learner" if self.pid("learner") else "critic-learner") is not None,
                           sample_every) is not None:
                 fault.recovered_s = self.until(self.advancing(), sample_every)
-        if fault.recovered_s is not None and fault.kind != "pause":
+        if fault.recovered_s is not None and fault.kind != "pause":  # (a pause's: from the SIGSTOP)
             fault.recovered_s = self.elapsed - fault.at_s  # from the fault itself (the stop's wait included)
 
     def remote_running(self) -> bool:

@@ -26,6 +26,10 @@ class PeerError(SpreezeError):
     """A peer answered with an Error message, or is dead."""
 
 
+class RunFinished(SpreezeError):
+    """The supervisor answered a registration: the run has finished (nothing to do: exit 0)."""
+
+
 class VideoError(SpreezeError):
     """An evaluation video cannot be rendered or written; the message says why and how to enable it."""
 

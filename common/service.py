@@ -33,12 +33,12 @@ from spreeze.proto.codec import Encoder
 from spreeze.common.config import Config, from_dict
 from spreeze.common.curve_auth import CurveKeys, client_keys, server_keys, start_authenticator
 from spreeze.common.disk import DiskWrites
-from spreeze.common.errors import ConfigError, PeerError, TransportTimeout
+from spreeze.common.errors import ConfigError, PeerError, RunFinished, TransportTimeout
 from spreeze.common.health import serve_health
 from spreeze.common.health_probe import ENV_HEALTH
 from spreeze.common.transport import Channel, tcp_host, transport_seconds
-from spreeze.proto.messages import (UNREGISTERED, Control, ControlReply, Error, Event, Heartbeat, Metrics, Register,
-                                    Welcome)
+from spreeze.proto.messages import (FINISHED, UNREGISTERED, Control, ControlReply, Error, Event, Heartbeat, Metrics,
+                                    Register, Welcome)
 
 log = logging.getLogger(__name__)
 
@@ -265,6 +265,8 @@ async def _register(ctx: zmq.asyncio.Context, role: str, service_id: str,
         except TransportTimeout:
             hint = "" if keys or not remote else " (a run with CURVE keys refuses clients without them: --keys)"
             raise TransportTimeout(f"no Welcome from the supervisor at {endpoint} within {timeout:g}s{hint}") from None
+        if isinstance(msg, Error) and msg.code == FINISHED:
+            raise RunFinished(msg.detail)
         if isinstance(msg, Error):
             raise PeerError(f"the supervisor at {endpoint} refused the registration: {msg.detail}")
         if isinstance(msg, Welcome):
@@ -314,6 +316,8 @@ def run_service(cls: type[Service]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the supervisor's to handle
     try:
         asyncio.run(_main(cls))
+    except RunFinished as done:  # started after the run ended (compose starts every container at once)
+        log.info("nothing to do: %s", done)
     except Exception:
         log.exception("%s crashed", cls.ROLE)
         leave(1)

@@ -319,6 +319,7 @@ class Error(Message):
 
 
 UNREGISTERED = "unregistered"  # error code: a heartbeat from an id a (restarted) supervisor does not know
+FINISHED = "finished"  # error code: a registration after the run ended (the registrant exits 0)
 
 CONTROL_COMMANDS = frozenset({"set", "pause", "resume", "shutdown", "ping"})
 

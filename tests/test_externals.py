@@ -4,6 +4,9 @@ did not start, the health socket, sockets on several endpoints, tcp endpoint map
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -150,3 +153,58 @@ def test_register_timeout_refused_by_name(raw: str, monkeypatch: pytest.MonkeyPa
         register_timeout()
     monkeypatch.setenv(ENV_REGISTER_TIMEOUT, "2.5")
     assert register_timeout() == 2.5
+
+
+# ------------------------------------------------------------------ a supervisor that restarted or finished
+
+def service_process(endpoint: str, sid: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "SPREEZE_CONTROL": endpoint, "SPREEZE_SERVICE_ID": sid}
+    return subprocess.Popen([sys.executable, "-m", "tests.idle_service"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.mark.timeout(60)
+def test_a_service_told_the_run_finished_exits_0_and_one_unknown_to_a_restarted_supervisor_registers_again(
+        tmp_path: Path) -> None:
+    from spreeze.common.config import to_dict
+    from spreeze.proto.messages import FINISHED, UNREGISTERED, Error, Welcome
+
+    endpoint = f"ipc://{tmp_path}/control"
+
+    async def body() -> tuple[int, int, str]:
+        ctx = zmq.asyncio.Context()
+        control = Channel(ctx, "control", endpoint, binding=True, encoder=Encoder("supervisor"))
+        late = service_process(endpoint, "late-0")
+        peer, msg = await control.recv(timeout=30)
+        assert isinstance(msg, Register) and msg.service_id == "late-0"
+        await control.send(Error(FINISHED, "the run in 'runs/x' has finished (budget reached)", msg.TYPE), to=peer)
+        finished = await asyncio.to_thread(late.wait, 30)
+
+        known = service_process(endpoint, "idle-0")
+        peer, msg = await control.recv(timeout=30)
+        assert isinstance(msg, Register)
+        welcome = Welcome("idle-0", {"control": endpoint, "metrics_in": f"ipc://{tmp_path}/metrics"},
+                          to_dict(config(tmp_path)), 0.2)
+        await control.send(welcome, to=peer)
+        peer, msg = await control.recv(timeout=30)  # its heartbeats
+        assert isinstance(msg, Heartbeat)
+        # as a restarted supervisor: it does not know idle-0, and asks it to register again
+        await control.send(Error(UNREGISTERED, "'idle-0' is not registered (it restarted)", msg.TYPE), to=peer)
+        while True:
+            peer, msg = await control.recv(timeout=30)
+            if isinstance(msg, Register):
+                break
+        assert msg.service_id == "idle-0" and msg.role == "idle"
+        await control.send(welcome, to=peer)
+        peer, msg = await control.recv(timeout=30)
+        assert isinstance(msg, Heartbeat) and msg.state == "running"  # goes on with the new supervisor
+        known.terminate()
+        rejoined = await asyncio.to_thread(known.wait, 30)
+        out = (late.stdout.read() if late.stdout else "") + (known.stdout.read() if known.stdout else "")
+        control.close()
+        ctx.destroy(linger=0)
+        return finished, rejoined, out
+
+    finished, rejoined, out = run(body(), timeout=60)
+    assert finished == 0 and "nothing to do: the run in 'runs/x' has finished" in out, out
+    assert rejoined == 0 and "registered again with the restarted supervisor" in out, out

@@ -7,7 +7,9 @@
 - `docker compose` with COMPOSE_PROFILES=cpu on images built offline: every container
   healthy, two evaluation records and checkpoints, learners on compiled update steps, two scaled samplers and a sampler
   container outside the project counted in replay's ledger, a SIGKILLed container
-  restarted by compose and registered again, and nothing left after `down -v`.
+  restarted by compose and registered again, the SIGKILLed supervisor restarted and its run
+  continued, a second `up` of the finished run ending at once with every container's exit
+  status 0, and nothing left after `down -v`.
 """
 
 from __future__ import annotations
@@ -145,6 +147,29 @@ def test_compose_cpu_profile_on_a_real_engine(images: None) -> None:
         de.wait_for(lambda: "video" in events(), 600, "an evaluation video")
         assert "video_unavailable" not in events()
         de.wait_for(all_healthy, 120, "every container healthy again (a restarted one starts its checks anew)")
+
+        # the supervisor itself: compose restarts its container, `--or-resume` continues the run, and
+        # the containers it did not start register with the new one (or are restarted and register)
+        sessions = len([r for r in metrics() if r["kind"] == "start"])
+        supervisor = next(c for c in de.containers(all_states=False) if de.service_of(c) == "supervisor")
+        os.kill(supervisor["State"]["Pid"], signal.SIGKILL)
+        de.wait_for(lambda: len([r for r in metrics() if r["kind"] == "start"]) > sessions, 300,
+                    "a resumed supervisor session")
+        resumed_at = len(metrics())
+        de.wait_for(lambda: len({r.get("service") for r in metrics()[resumed_at:] if r["kind"] == "metrics"}
+                                & {"replay", "critic_learner", "actor_learner", "evaluator"}) == 4, 300,
+                    "replay, learners and evaluator reporting to the resumed supervisor")
+        before = critic_updates()
+        de.wait_for(lambda: critic_updates() > before, 300, "updates after the supervisor's restart")
+
+        # a second `up` of the same run once its budget is spent: it ends at once, every container exits 0
+        de.compose("stop", env=COMPOSE_ENV, timeout=300)
+        de.compose("up", "-d", "--scale", "sampler=2", env={**COMPOSE_ENV, "SPREEZE_TOTAL_STEPS": "1000"}, timeout=600)
+        de.wait_for(lambda: not de.containers(all_states=False), 300, "every container down after a finished run")
+        exits = {c["Name"]: (c["State"]["ExitCode"], c["RestartCount"]) for c in de.containers()}
+        assert all(code == 0 for code, _ in exits.values()), exits
+        assert any(r["kind"] == "event" and "budget of 1,000" in str(r.get("reason", "")) for r in metrics()) or \
+            "budget of 1,000 env steps reached" in de.compose("logs", "supervisor", env=COMPOSE_ENV).stdout
     except BaseException:
         logs = de.compose("logs", "--tail", "40", env=COMPOSE_ENV, check=False)
         print(logs.stdout[-20000:])

@@ -33,13 +33,13 @@ from spreeze.proto.codec import Encoder
 from spreeze.common.config import TCP_OFFSETS, Config, to_dict, with_learner_setting
 from spreeze.common.curve_auth import CurveKeys, client_keys, server_keys, start_authenticator
 from spreeze.common.disk import DiskWrites, write_atomically
-from spreeze.common.errors import ConfigError
+from spreeze.common.errors import ConfigError, TransportTimeout
 from spreeze.proto.errors import SpreezeError
 from spreeze.common.health import serve_health
 from spreeze.common.health_probe import ENV_HEALTH
 from spreeze.common.service import ENV_KEYS
 from spreeze.common.transport import Channel, bind_address
-from spreeze.proto.messages import (UNREGISTERED, Control, ControlReply, Error, EvalResult, Event, Heartbeat,
+from spreeze.proto.messages import (FINISHED, UNREGISTERED, Control, ControlReply, Error, EvalResult, Event, Heartbeat,
                                     Register, Welcome)
 from spreeze.proto.names import (ACTOR_LEARNER, CRITIC_LEARNER, EVALUATOR, LEARNER, LEARNER_ROLES, REPLAY, SAMPLER,
                          VISUALIZER)
@@ -67,6 +67,7 @@ PROXY_HWM = 10_000  # metrics messages queued in the proxy before it drops (PUB 
 INTERRUPTED = 128 + signal.SIGINT  # exit status of a run stopped by Ctrl-C, as a shell reports one
 HUB_IGNORES = frozenset({"sampler.num_samplers"})  # plan keys a hub does not act on (it starts no sampler)
 BUS_WAIT = 5.0  # seconds to wait for the metrics bus to carry a first record before publishing the plan
+LATE_WINDOW = 15.0  # a finished hub answers registrations until none came for this long (imports take 2-10 s)
 
 
 class Supervisor:
@@ -143,6 +144,8 @@ class Supervisor:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self.cfg.supervisor.mode == "hub" and not self.failure and not self.stop_reason.startswith("signal"):
+            await self.refuse_late()
         idle = self.no_update()
         if idle is not None:  # the budget is spent, but nothing was learned: not a success
             self.failure = idle
@@ -187,6 +190,22 @@ class Supervisor:
     def on_signal(self, sig: int) -> None:
         self.interrupted = self.interrupted or (sig == signal.SIGINT and not self.done.is_set())
         self.stop(f"signal {signal.Signals(sig).name}")
+
+    async def refuse_late(self) -> None:
+        """A hub whose run reached its end tells services still starting (compose starts every
+        container at once; one may register after the end) that the run has finished, until
+        none has asked for LATE_WINDOW seconds: they exit 0 instead of failing to register and
+        being restarted for ever."""
+        quiet_until = time.monotonic() + LATE_WINDOW
+        while (left := quiet_until - time.monotonic()) > 0:
+            try:
+                peer, msg = await self.control.recv(timeout=left)
+            except TransportTimeout:
+                return
+            if isinstance(msg, Register) and peer is not None:
+                await self.control.send(Error(FINISHED, f"the run in {str(self.run_dir)!r} has finished "
+                                                        f"({self.stop_reason})", msg.TYPE), to=peer)
+                quiet_until = time.monotonic() + LATE_WINDOW
 
     def loop_ended(self, task: asyncio.Task[Any]) -> None:
         """A loop of the supervisor that raised stops the run as a failure, naming the error (a

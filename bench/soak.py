@@ -27,6 +27,7 @@ fault kind and per service, goes to `--report` (results/reliability.md).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -87,6 +88,7 @@ class Soak:
     offset: int = 0  # bytes of metrics.jsonl read so far
     counts: tuple[int, int] = (0, 0)  # newest (env_steps, updates) of the progress records
     resumes: int = 0
+    learner: str = "learner"  # the learner whose updates count (critic-learner when split)
 
     # ------------------------------------------------------------ the processes
     @property
@@ -186,75 +188,80 @@ class Soak:
         return None
 
     # ------------------------------------------------------------ faults
-    def apply(self, fault: Fault, sample_every: float) -> None:
+    def apply(self, fault: Fault, every: float) -> None:
+        """Apply `fault` and wait (bounded) for the run to recover; its time and notes go in `fault`."""
         fault.at_s = self.elapsed
-        if fault.kind == "sigkill":
+        if fault.kind in ("sigkill", "pause"):
             pid = self.pid(fault.target)
             if pid is None:
                 fault.note = "not running at the time: skipped"
                 return
-            os.kill(pid, signal.SIGKILL)
-            if self.until(lambda: self.pid(fault.target) not in (None, pid), sample_every) is not None:
-                fault.recovered_s = self.until(self.advancing(), sample_every)
-        elif fault.kind == "pause":
-            pid = self.pid(fault.target)
-            if pid is None:
-                fault.note = "not running at the time: skipped"
-                return
-            os.kill(pid, signal.SIGSTOP)
-            rising = self.advancing()
-            during = self.until(rising, sample_every, timeout=self.pause_s)  # the supervisor may replace it
-            try:
-                os.kill(pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
-            if during is None and self.until(lambda: self.pid(fault.target) is not None, sample_every) is not None:
-                after = self.until(rising, sample_every)
-                fault.recovered_s = None if after is None else self.pause_s + after
-            else:
-                fault.recovered_s = during
-            if self.pid(fault.target) != pid:
-                fault.note = "the supervisor restarted it (silent past its liveness)"
+            (self.kill if fault.kind == "sigkill" else self.pause)(fault, pid, every)
         elif fault.kind == "stop":
-            assert self.remote is not None
-            self.remote.terminate()
-            self.remote.wait(EXIT_WAIT_S)
-            self.wait(self.remote_off_s, sample_every)
-            self.start_remote()
-            if self.until(self.remote_running, sample_every) is not None:
-                fault.recovered_s = self.until(self.advancing(), sample_every)
-        elif fault.kind == "sigkill-supervisor":
-            assert self.train is not None
-            services = [row.get("pid") for row in self.roster().values() if not row.get("remote")]
-            self.train.kill()
-            self.train.wait()
-            gone = self.until(lambda: not any(alive(p) for p in services if isinstance(p, int)), sample_every,
-                              EXIT_WAIT_S)
-            if gone is None:
-                fault.note = "services outlived their supervisor: killed"
-                for p in services:
-                    if isinstance(p, int) and alive(p):
-                        os.kill(p, signal.SIGKILL)
-            self.resumes += 1
-            left = max(60.0, self.duration - self.elapsed + 30)
-            self.start_train([sys.executable, "-m", "spreeze.cli", "train", "--resume", str(self.run_dir),
-                              "--time-limit", f"{left:.0f}", "--quiet"])
-            if self.until(lambda: self.pid("learner" if self.pid("learner") else "critic-learner") is not None,
-                          sample_every) is not None:
-                fault.recovered_s = self.until(self.advancing(), sample_every)
+            self.stop_remote(fault, every)
+        else:
+            self.kill_supervisor(fault, every)
         if fault.recovered_s is not None and fault.kind != "pause":  # (a pause's: from the SIGSTOP)
             fault.recovered_s = self.elapsed - fault.at_s  # from the fault itself (the stop's wait included)
+
+    def back(self, running: Any, every: float) -> float | None:
+        """Once `running()`: seconds until inserts and updates rise again (None: not in time)."""
+        return self.until(self.advancing(), every) if self.until(running, every) is not None else None
+
+    def kill(self, fault: Fault, pid: int, every: float) -> None:
+        os.kill(pid, signal.SIGKILL)
+        fault.recovered_s = self.back(lambda: self.pid(fault.target) not in (None, pid), every)
+
+    def pause(self, fault: Fault, pid: int, every: float) -> None:
+        os.kill(pid, signal.SIGSTOP)
+        rising = self.advancing()
+        during = self.until(rising, every, timeout=self.pause_s)  # the supervisor may replace it meanwhile
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+        if during is None:
+            after = self.until(rising, every) if self.until(lambda: self.pid(fault.target), every) else None
+            fault.recovered_s = None if after is None else self.pause_s + after
+        else:
+            fault.recovered_s = during
+        if self.pid(fault.target) != pid:
+            fault.note = "the supervisor restarted it (silent past its liveness)"
+
+    def stop_remote(self, fault: Fault, every: float) -> None:
+        assert self.remote is not None
+        self.remote.terminate()
+        self.remote.wait(EXIT_WAIT_S)
+        self.wait(self.remote_off_s, every)
+        self.start_remote()
+        fault.recovered_s = self.back(self.remote_running, every)
+
+    def kill_supervisor(self, fault: Fault, every: float) -> None:
+        """SIGKILL the supervisor; once its services are gone (they stop hearing it), --resume."""
+        assert self.train is not None
+        rows = self.roster().values()
+        services = [p for row in rows if not row.get("remote") and isinstance(p := row.get("pid"), int)]
+        self.train.kill()
+        self.train.wait()
+        if self.until(lambda: not any(alive(p) for p in services), every, EXIT_WAIT_S) is None:
+            fault.note = "services outlived their supervisor: killed"
+            for p in services:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p, signal.SIGKILL)
+        self.resumes += 1
+        left = max(60.0, self.duration - self.elapsed + 30)
+        self.start_train([sys.executable, "-m", "spreeze.cli", "train", "--resume", str(self.run_dir),
+                          "--time-limit", f"{left:.0f}", "--quiet"])
+        fault.recovered_s = self.back(lambda: self.pid(self.learner) is not None, every)
 
     def remote_running(self) -> bool:
         return any(row.get("remote") and row.get("state") == "running" for row in self.roster().values())
 
 
 def alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie does not)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except OSError:
         return False
-    return not Path(f"/proc/{pid}/status").read_text().count("State:\tZ")
 
 
 def proc_sample(pid: int, t: float) -> Sample | None:
@@ -416,9 +423,11 @@ def main(argv: list[str] | None = None) -> int:
                  "--run-dir", str(run_dir), "--total-steps", str(10**9), "--time-limit", f"{duration:.0f}",
                  "--listen", listen, "--quiet", f"learner.mode={mode}", *args.overrides]
     remote_cmd = [sys.executable, "-m", "spreeze.cli", "sampler", "--connect", listen]
-    soak = Soak(run_dir, train_cmd, remote_cmd, duration, args.pause, args.remote_off)
+    soak = Soak(run_dir, train_cmd, remote_cmd, duration, args.pause, args.remote_off,
+                learner="learner" if mode == "fused" else "critic-learner")
     faults: list[Fault] = []
     exit_status: int | None = None
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # stop the run too (finally)
     try:
         soak.start_train(train_cmd)
         if soak.until(lambda: soak.progress()[1] > 0, args.sample, timeout=300) is None:

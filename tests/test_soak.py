@@ -17,7 +17,7 @@ from tests.helpers import free_port_base
 @pytest.mark.timeout(600)
 def test_a_short_soak_recovers_from_every_fault_and_the_ledger_reconciles(tmp_path: Path) -> None:
     report = tmp_path / "reliability.md"
-    cmd = [sys.executable, "-m", "spreeze.cli", "bench", "soak", "--minutes", "2.7", "--every", "8", "--pause", "6",
+    cmd = [sys.executable, "-m", "spreeze.cli", "bench", "soak", "--minutes", "3.2", "--every", "8", "--pause", "6",
            "--remote-off", "5", "--sample", "2", "--env", "Pendulum-v1", "--port", str(free_port_base()),
            "--run-dir", str(tmp_path / "soak" / "run"), "--report", str(report),
            "replay.min_size=1000", "sampler.warmup_steps=1000", "eval.every_updates=2000"]

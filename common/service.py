@@ -178,13 +178,10 @@ class Service:
             elif isinstance(msg, Error) and msg.code == UNREGISTERED and not self.rejoining:
                 log.warning("the supervisor does not know this service (it restarted): registering again")
                 self.rejoining = True
-                await self.control.send(self.registration())
+                await self.control.send(registration(self.ROLE, self.service_id, self.remote))
             elif isinstance(msg, Welcome) and self.rejoining:
                 self.rejoined(msg)
 
-    def registration(self) -> Register:
-        return Register(role=self.ROLE, pid=os.getpid(), host=socket.gethostname(), service_id=self.service_id,
-                        remote=self.remote)
 
     def rejoined(self, welcome: Welcome) -> None:
         """The welcome of a restarted supervisor: go on where its endpoints are the same (PeerError
@@ -246,6 +243,11 @@ def reachable(endpoints: dict[str, str], control: str) -> dict[str, str]:
     return out
 
 
+def registration(role: str, service_id: str, remote: bool) -> Register:
+    """This process's `register` message."""
+    return Register(role=role, pid=os.getpid(), host=socket.gethostname(), service_id=service_id, remote=remote)
+
+
 async def _register(ctx: zmq.asyncio.Context, role: str, service_id: str,
                     encoder: Encoder) -> tuple[Channel, Welcome]:
     endpoint = os.environ.get(ENV_CONTROL)
@@ -255,8 +257,7 @@ async def _register(ctx: zmq.asyncio.Context, role: str, service_id: str,
     curve = client_keys(keys, os.environ.get(ENV_KEY_NAME, "client")) if keys else None
     control = Channel(ctx, "control", endpoint, binding=False, encoder=encoder, identity=service_id, curve=curve)
     remote = endpoint.startswith("tcp://")
-    await control.send(Register(role=role, pid=os.getpid(), host=socket.gethostname(),
-                                service_id=service_id, remote=remote))
+    await control.send(registration(role, service_id, remote))
     timeout = register_timeout()
     deadline = time.monotonic() + timeout
     while True:

@@ -309,3 +309,24 @@ def test_resume_takes_the_checkpoint_before_a_damaged_one_and_names_both_when_bo
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert "learner.prev.pt is used instead" in resumed.stdout
     assert "using the checkpoint before it" in (run_dir / "logs" / "learner.log").read_text()
+
+
+def test_a_damaged_replay_snapshot_is_skipped_for_the_one_before(tmp_path: Path,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    from spreeze.common.replay_buffer import ReplayBuffer
+    from spreeze.services.replay.snapshot import SnapshotWriter, load_latest
+
+    b = ReplayBuffer(10_000, 17, 6, seed=0)
+    owner = np.zeros(b.capacity, np.uint16)
+    w = SnapshotWriter(tmp_path / "replay")
+    metas = []
+    for fill in (1.0, 2.0):
+        b.add_rows(np.full((1000, b.width), fill, np.float32))
+        w.begin(b, {"buffer": b.counters(), "rng": b.rng_state(), "limiter": {}, "ledger": {}, "rejected": 0})
+        metas.append(w.write_all(b, owner))
+    newest = tmp_path / "replay" / metas[1]["segments"][-1][2]
+    newest.write_bytes(newest.read_bytes()[:3000])  # cut short, as by a disk error
+    restored = ReplayBuffer(10_000, 17, 6, seed=0)
+    meta = load_latest(tmp_path / "replay", restored, np.zeros(restored.capacity, np.uint16))
+    assert meta is not None and meta["k"] == metas[0]["k"] and restored.size == 1000
+    assert f"replay snapshot {metas[1]['k']}" in caplog.text and "trying an older one" in caplog.text

@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from spreeze.proto.names import ACTOR_LEARNER, CRITIC_LEARNER, EVALUATOR, LEARNE
 EXIT_WAIT_S = 60.0  # the services of a killed supervisor exit within this (they hear nothing for `liveness`)
 PROJECT = "spreezesoak"  # the compose project of a soak: its containers and volumes carry this name
 OUTSIDE = f"{PROJECT}-outside-sampler"  # the compose soak's remote sampler: a container outside the project
+STOP_WAIT_S = 180.0  # a SIGTERMed hub stops its containers within this
 
 
 def alive(pid: int) -> bool:
@@ -173,8 +175,12 @@ class Compose:
         return None
 
     def processes(self) -> dict[str, int]:
-        pids = {c["Name"].lstrip("/").removeprefix(f"{PROJECT}_"): int(c["State"]["Pid"])
-                for c in self.containers() if c["State"]["Running"]}
+        pids = {}
+        for c in self.containers():
+            labels = c["Config"]["Labels"]
+            name = labels.get("com.docker.compose.service", c["Name"])
+            if c["State"]["Running"]:
+                pids[f"{name}-{labels.get('com.docker.compose.container-number', '1')}"] = int(c["State"]["Pid"])
         remote = self.remote_pid()
         if remote:
             pids["remote-sampler"] = remote
@@ -212,12 +218,18 @@ class Compose:
         return ""
 
     def stop(self) -> int | None:
-        """`docker compose stop` (SIGTERM to every container: a clean end); the supervisor's exit status."""
+        """SIGTERM to the supervisor's main process (a clean end: it stops the services in order, and
+        they exit 0); its exit status. What is still up after STOP_WAIT_S is stopped by compose."""
+        pid = self.pid("supervisor")
+        if pid is not None:
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_WAIT_S
+        while self.pid("supervisor") is not None and time.monotonic() < deadline:
+            time.sleep(1)
         engine.sh("docker", "stop", OUTSIDE, timeout=120, check=False)
         self.compose("stop", timeout=300)
-        done = engine.sh("docker", "ps", "-aq", "--filter", f"label=com.docker.compose.project={PROJECT}",
-                         "--filter", "label=com.docker.compose.service=supervisor")
-        ids = done.stdout.split()
+        ids = engine.sh("docker", "ps", "-aq", "--filter", f"label=com.docker.compose.project={PROJECT}",
+                        "--filter", "label=com.docker.compose.service=supervisor").stdout.split()
         return int(json.loads(engine.sh("docker", "inspect", *ids).stdout)[0]["State"]["ExitCode"]) if ids else None
 
     def close(self) -> None:

@@ -15,6 +15,9 @@ from spreeze.bench.results import git_commit, machine_info
 from spreeze.services.supervisor.ledger import balanced
 
 
+STARTING_S = 30.0  # a process's memory in its first seconds (imports) is not a base to measure growth from
+
+
 @dataclass
 class Fault:
     kind: str  # sigkill | pause | stop | sigkill-supervisor
@@ -64,7 +67,8 @@ def memory_rows(samples: dict[str, list[Sample]], settle_s: float) -> list[dict[
         for s in series:
             by_pid.setdefault(s.pid, []).append(s)
         longest = max(by_pid.values(), key=lambda ss: ss[-1].t - ss[0].t)
-        settled = [s for s in longest if s.t >= settle_s] or longest[-1:]
+        # from settle_s on, and not in a process's first STARTING_S (it is still importing)
+        settled = [s for s in longest if s.t >= max(settle_s, longest[0].t + STARTING_S)] or longest[-1:]
         first, last = settled[0], settled[-1]
         rows.append({"service": sid, "processes": len(by_pid), "from_s": first.t, "to_s": last.t,
                      "rss_first": first.rss_mb, "rss_last": last.rss_mb, "rss_max": max(s.rss_mb for s in series),
@@ -136,6 +140,9 @@ def report(args: argparse.Namespace, faults: list[Fault], memory: list[dict[str,
         lines.append(f"| {m['service']} | {m['processes']} | {m['rss_first']:.0f} | {m['rss_last']:.0f} | "
                      f"{100 * m['growth']:+.1f}% | {m['rss_max']:.0f} | {'/'.join(map(str, m['fds']))} | "
                      f"{'/'.join(map(str, m['sockets']))} |")
+    lines += ["", "Replay's ring is touched as it fills (up to `replay.capacity` rows, 168 bytes each for "
+              "HalfCheetah), so replay grows until the ring is full; a sampler's kept batches grow between "
+              "snapshots (docs/architecture.md, \"What is bounded\")."]
     return "\n".join(lines) + "\n"
 
 

@@ -155,10 +155,13 @@ def test_compose_cpu_profile_on_a_real_engine(images: None) -> None:
         os.kill(supervisor["State"]["Pid"], signal.SIGKILL)
         de.wait_for(lambda: len([r for r in metrics() if r["kind"] == "start"]) > sessions, 300,
                     "a resumed supervisor session")
-        resumed_at = len(metrics())
-        de.wait_for(lambda: len({r.get("service") for r in metrics()[resumed_at:] if r["kind"] == "metrics"}
-                                & {"replay", "critic_learner", "actor_learner", "evaluator"}) == 4, 300,
-                    "replay, learners and evaluator reporting to the resumed supervisor")
+        def joined_again() -> set[str]:
+            rows = metrics()
+            last_start = max(i for i, r in enumerate(rows) if r["kind"] == "start")
+            return {str(r.get("service")) for r in rows[last_start:]
+                    if r["kind"] == "event" and r.get("event") == "join"}
+        de.wait_for(lambda: {"replay", "critic_learner", "actor_learner", "evaluator", "visualizer"} <= joined_again(),
+                    300, "replay, learners, evaluator and visualizer registered with the resumed supervisor")
         before = critic_updates()
         de.wait_for(lambda: critic_updates() > before, 300, "updates after the supervisor's restart")
 

@@ -38,13 +38,14 @@ from spreeze.proto.errors import SpreezeError
 from spreeze.common.health import serve_health
 from spreeze.common.health_probe import ENV_HEALTH
 from spreeze.common.service import ENV_KEYS
-from spreeze.common.transport import Channel, bind_address
+from spreeze.common.transport import Channel
 from spreeze.proto.messages import (FINISHED, UNREGISTERED, Control, ControlReply, Error, EvalResult, Event, Heartbeat,
                                     Register, Welcome)
 from spreeze.proto.names import (ACTOR_LEARNER, CRITIC_LEARNER, EVALUATOR, LEARNER, LEARNER_ROLES, REPLAY, SAMPLER,
                          VISUALIZER)
 from spreeze.services.supervisor.endpoints import run_endpoints
 from spreeze.services.supervisor.externals import External, Externals
+from spreeze.services.supervisor.bus import metrics_proxy
 from spreeze.services.supervisor.ledger import Ledger
 from spreeze.services.supervisor.sampler_watch import SamplerWatch
 from spreeze.services.supervisor.sampler_watch import hint as sampler_hint
@@ -63,7 +64,6 @@ STOP_GRACE = 20.0  # seconds a service has to exit after a shutdown command
 KILL_GRACE = 5.0  # seconds between SIGTERM and SIGKILL for a service that outstays its stop grace
 GOODBYE_GRACE = 1.0  # seconds for the control loop to take the goodbyes of services that exited cleanly
 LAST_TO_STOP = (EVALUATOR, REPLAY, VISUALIZER)  # the final evaluation reaches disk and dashboard
-PROXY_HWM = 10_000  # metrics messages queued in the proxy before it drops (PUB semantics)
 INTERRUPTED = 128 + signal.SIGINT  # exit status of a run stopped by Ctrl-C, as a shell reports one
 HUB_IGNORES = frozenset({"sampler.num_samplers"})  # plan keys a hub does not act on (it starts no sampler)
 BUS_WAIT = 5.0  # seconds to wait for the metrics bus to carry a first record before publishing the plan
@@ -252,30 +252,8 @@ class Supervisor:
         log.info(text)
 
     async def metrics_proxy(self) -> None:
-        """XSUB (services publish in) <-> XPUB (visualizer, supervisor subscribe out):
-        messages flow out unparsed, subscriptions flow in."""
-        xsub, xpub = self.ctx.socket(zmq.XSUB), self.ctx.socket(zmq.XPUB)
-        if self.server_keys is not None:
-            self.server_keys.apply(xsub, server=True)  # metrics_in faces tcp: remote samplers publish there
-        for sock, name in ((xsub, "metrics_in"), (xpub, "metrics_out")):
-            sock.setsockopt(zmq.SNDHWM, PROXY_HWM)
-            sock.setsockopt(zmq.RCVHWM, PROXY_HWM)
-            sock.setsockopt(zmq.LINGER, 0)
-            for endpoint in (self.endpoints[name], *self.tcp_also(name)):
-                sock.bind(bind_address(endpoint))
-        poller = zmq.asyncio.Poller()
-        poller.register(xsub, zmq.POLLIN)
-        poller.register(xpub, zmq.POLLIN)
-        try:
-            while True:
-                events = dict(await poller.poll())
-                if xsub in events:
-                    await xpub.send_multipart(await xsub.recv_multipart(copy=False), copy=False)
-                if xpub in events:
-                    await xsub.send_multipart(await xpub.recv_multipart())
-        finally:
-            xsub.close()
-            xpub.close()
+        await metrics_proxy(self.ctx, {name: (self.endpoints[name], *self.tcp_also(name))
+                                       for name in ("metrics_in", "metrics_out")}, self.server_keys)
 
     # ------------------------------------------------------------------ children
     def start(self, child: Child) -> None:

@@ -119,7 +119,9 @@ def test_or_resume_starts_a_run_continues_it_and_leaves_a_finished_one_finished(
     assert "budget of 2,000 env steps reached" in again.stdout  # finished: it stays finished
     more = subprocess.run([*cmd, "--total-steps", "3000"], capture_output=True, text=True, timeout=200)
     assert more.returncode == 0 and "budget of 3,000 env steps reached" in more.stdout, more.stdout + more.stderr
-    assert len([r for r in records(run_dir, "start")]) == 3
+    spent = subprocess.run([*cmd, "--total-steps", "500"], capture_output=True, text=True, timeout=200)
+    assert spent.returncode == 0 and "budget of 500 env steps reached" in spent.stdout, spent.stdout + spent.stderr
+    assert len([r for r in records(run_dir, "start")]) == 4  # (a budget under the warm-up: this run is past it)
     other = subprocess.run([sys.executable, "-m", "spreeze.cli", "train", "--or-resume", "--run-dir", str(run_dir),
                             *FAST, "--algo", "sac"], capture_output=True, text=True, timeout=60)
     assert other.returncode == 2 and "--or-resume: the run in" in other.stderr and "algo" in other.stderr, other.stderr

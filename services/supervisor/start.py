@@ -75,5 +75,6 @@ def planned(cfg: Config, pinned: frozenset[str], hardware: probe.Hardware, resum
     auto = cfg.supervisor.auto and not resumed
     choices = probe.plan(hardware, cfg, pinned, layout.width * 4, task_facts(cfg.env_source)) if auto else []
     cfg = probe.apply(cfg, choices)
-    check_budget(cfg)  # after the plan: it may shorten the warm-up (tasks that end episodes early)
+    if not resumed:  # (a resumed run is past its warm-up: a budget under it just ends the run at once)
+        check_budget(cfg)  # after the plan: it may shorten the warm-up (tasks that end episodes early)
     return cfg, choices

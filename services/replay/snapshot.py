@@ -175,7 +175,7 @@ class SnapshotWriter:
                 if p is not None:
                     p.error = exc
                     p.done.set()
-                f = None
+                f, p = None, None  # what is still queued of this snapshot is dropped (no `close` completes it)
 
     def _open_segment(self, p: Pending, width: int) -> Any:
         if p.end == p.first:

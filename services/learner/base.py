@@ -355,9 +355,9 @@ class LearnerBase(Service):
         """Save this learner's state (a full disk skips it: said once, training goes on)."""
         extra = {"obs_norm": self.normalizer.state()} if self.normalizer is not None else {}
         state = {**self.state(), "torch_rng": torch.get_rng_state(), **extra}
-        self.disk.attempt(f"checkpoint {self.checkpoint_path.name}", lambda: self.save_checkpoint(state))
+        self.disk.attempt(f"checkpoint {self.checkpoint_path.name}", lambda: self.write_checkpoint(state))
 
-    def save_checkpoint(self, state: dict[str, Any]) -> None:
+    def write_checkpoint(self, state: dict[str, Any]) -> None:
         save_checkpoint(state, self.checkpoint_path)
         write_sidecar(self.checkpoint_path, self.cfg)
 

@@ -18,12 +18,14 @@ import json
 import os
 import signal
 import subprocess
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from spreeze.bench.engine import jsonl
+from spreeze.common.curve_auth import make_keys
 from tests import docker_engine as de
 
 WHY_NOT = de.ready()
@@ -40,6 +42,12 @@ def images() -> None:
     de.images()
 
 
+def failures(pytest_out: str) -> str:
+    """pytest's FAILURES section (its tail is pushed out of sight by the warnings summary)."""
+    section = pytest_out.partition("= FAILURES =")[2].partition("short test summary info")[0]
+    return section[:8000] + "\n[...]\n" if section else ""
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(3300)
 def test_quick_start_on_a_bare_machine_trains_evaluates_and_passes_the_tests(tmp_path: Path, images: None) -> None:
@@ -50,7 +58,7 @@ def test_quick_start_on_a_bare_machine_trains_evaluates_and_passes_the_tests(tmp
     done = subprocess.run(["docker", "run", "--rm", "--network", "host", *de.pip_passthrough(),
                            "-v", f"{src}:/src", "-w", "/src", de.BARE_IMAGE, "bash", "-c", script],
                           capture_output=True, text=True, timeout=3000)
-    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-6000:]
+    assert done.returncode == 0, failures(done.stdout) + done.stdout[-3000:] + done.stderr[-3000:]
     assert "budget of 3,000 env steps reached" in done.stdout, done.stdout[-3000:]
     summary = done.stdout.strip().splitlines()[-1]  # pytest's last line: "N passed, M skipped in S s"
     assert " passed" in summary and "failed" not in summary and "error" not in summary, done.stdout[-6000:]
@@ -71,8 +79,8 @@ COMPOSE_ENV = {"COMPOSE_PROFILES": "cpu", "SPREEZE_CONFIG": "halfcheetah-smoke.y
                "SPREEZE_BASE_IMAGE": de.GL_IMAGE, "SPREEZE_VISUALIZER_PORT": "18080"}
 
 
-def metrics() -> list[dict[str, Any]]:
-    return jsonl(de.read_volume_file("runs", f"{RUN}/metrics.jsonl"))
+def metrics(run: str = RUN) -> list[dict[str, Any]]:
+    return jsonl(de.read_volume_file("runs", f"{run}/metrics.jsonl"))
 
 
 def ledger_senders(rows: list[dict[str, Any]]) -> dict[str, int]:
@@ -89,20 +97,20 @@ def services_json() -> dict[str, Any]:
     return json.loads(text) if text else {}
 
 
-def all_healthy() -> bool:
+def all_healthy(count: int = 8) -> bool:
     found = de.containers(all_states=False)
     states = {de.service_of(c): c["State"].get("Health", {}).get("Status") for c in found}
-    return len(found) == 8 and all(s == "healthy" for s in states.values())
+    return len(found) == count and all(s == "healthy" for s in states.values())
 
 
-def critic_metric(key: str) -> float:
+def critic_metric(key: str, run: str = RUN) -> float:
     """The critic-learner's newest value of a metric (0 before it reports one)."""
-    rows = [r for r in metrics() if r["kind"] == "metrics" and r.get("service") == "critic_learner"]
+    rows = [r for r in metrics(run) if r["kind"] == "metrics" and r.get("service") == "critic_learner"]
     return float(rows[-1].get(key, 0)) if rows else 0.0
 
 
-def critic_updates() -> int:
-    return int(critic_metric("updates"))
+def critic_updates(run: str = RUN) -> int:
+    return int(critic_metric("updates", run))
 
 
 @pytest.mark.slow
@@ -185,3 +193,56 @@ def test_compose_cpu_profile_on_a_real_engine(images: None) -> None:
     assert volumes == []
     networks = de.sh("docker", "network", "ls", "-q", "--filter", f"name={de.PROJECT}_").stdout.split()
     assert networks == []
+
+
+KEYED = f"{de.PROJECT}-keyed-sampler"  # outside samplers of the keys test: one holding the keys...
+KEYLESS = f"{de.PROJECT}-keyless-sampler"  # ...and one without
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_compose_with_keys_as_secrets_admits_key_holders_only(images: None, tmp_path: Path) -> None:
+    """docker/keys.override.yml: the CURVE keys as compose secrets. A sampler holding them joins
+    over the published port; one without is refused, the refusal is said in the supervisor's log
+    and on the dashboard, and the run goes on."""
+    keys = make_keys(tmp_path / "keys")
+    for path in (keys, *keys.rglob("*")):
+        os.chown(path, 1000, 1000)  # the images run as uid 1000; compose mounts secrets as they are
+    run = "keys"
+    env = {**COMPOSE_ENV, "SPREEZE_RUN": run, "SPREEZE_SAMPLERS": "1", "SPREEZE_KEYS": "/run/secrets/spreeze-keys",
+           "SPREEZE_KEYS_HOST": str(keys)}
+    files = ("-f", "docker-compose.yml", "-f", "docker/keys.override.yml")
+    de.compose(*files, "down", "-v", "--remove-orphans", env=env, check=False)
+    try:
+        de.compose(*files, "up", "-d", env=env, timeout=600)
+        de.wait_for(lambda: all_healthy(7), 420, "every container healthy")
+        subprocess.run(["docker", "run", "-d", "--name", KEYED, "--network", "host", "-v", f"{keys}:/k:ro",
+                        de.CPU_IMAGE, "spreeze", "sampler", "--connect", "tcp://127.0.0.1:5555", "--keys", "/k",
+                        "--id", "sampler-keyed"], check=True, capture_output=True, timeout=120)
+        de.wait_for(lambda: "sampler-keyed" in ledger_senders(metrics(run)), 300, "the keyed sampler's rows")
+
+        refused = subprocess.run(["docker", "run", "--rm", "--name", KEYLESS, "--network", "host", de.CPU_IMAGE,
+                                  "spreeze", "sampler", "--connect", "tcp://127.0.0.1:5555", "--register-timeout",
+                                  "10", "--id", "sampler-keyless"], capture_output=True, text=True, timeout=300)
+        assert refused.returncode == 1 and "no Welcome from the supervisor" in refused.stderr, refused.stderr[-2000:]
+        said = lambda: [str(r.get("reason")) for r in metrics(run)  # noqa: E731
+                        if r["kind"] == "event" and r.get("event") == "refused_client"]
+        de.wait_for(lambda: any(r.startswith("supervisor refused a client at tcp://0.0.0.0:5555: ") for r in said()),
+                    60, "the refusal in the run's events")
+        log = de.compose(*files, "logs", "supervisor", env=env).stdout
+        assert "event refused_client: supervisor refused a client at tcp://0.0.0.0:5555" in log, log[-3000:]
+        with urllib.request.urlopen("http://127.0.0.1:18080/api/events", timeout=30) as page:
+            dashboard = page.read().decode()
+        assert "refused_client" in dashboard, dashboard[-3000:]
+
+        # the run goes on: the keyed sampler still feeds it, the learners still learn
+        before = critic_updates(run), ledger_senders(metrics(run))["sampler-keyed"]
+        de.wait_for(lambda: critic_updates(run) > before[0]
+                    and ledger_senders(metrics(run))["sampler-keyed"] > before[1], 300, "training after the refusal")
+        assert "sampler-keyless" not in ledger_senders(metrics(run))
+    except BaseException:
+        print(de.compose(*files, "logs", "--tail", "40", env=env, check=False).stdout[-20000:])
+        raise
+    finally:
+        subprocess.run(["docker", "rm", "-f", KEYED, KEYLESS], capture_output=True, timeout=60)
+        de.compose(*files, "down", "-v", "--remove-orphans", env=env, timeout=300)

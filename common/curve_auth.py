@@ -12,17 +12,24 @@ from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import dataclass
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import zmq
+import zmq.asyncio
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils.monitor import parse_monitor_message
 
 from spreeze.common.errors import ConfigError
 
 
 ZAP_DOMAIN = "spreeze"  # the ZAP domain of every CURVE server socket; start_authenticator serves it
+HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                    | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+REFUSALS_SAID_EVERY_S = 60.0  # a refused client retries every few 100 ms: said once, then counted
 
 
 def _fail_closed(sock: zmq.Socket) -> None:
@@ -103,3 +110,53 @@ def start_authenticator(ctx: zmq.Context, directory: str | Path) -> ThreadAuthen
     auth.start()
     auth.configure_curve(domain=ZAP_DOMAIN, location=str(allowed))
     return auth
+
+
+def why_refused(event: int, value: int) -> str:
+    """A CURVE server's failed handshake (a socket monitor's event and value), in words."""
+    if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+        return "its client key is not authorized (not in the key directory's authorized/)"
+    if value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
+        return "it has no CURVE keys (this run admits clients with keys only: --keys DIR)"
+    if value == zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC:
+        return "it knows another server key than this run's server.key"
+    if event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+        # a client without keys sees the mismatch too and may hang up before this side does
+        return "it hung up in the handshake (most often a client without CURVE keys: --keys DIR)"
+    return f"its handshake failed ({zmq.Event(event).name}, value {value})"
+
+
+@dataclass
+class Refusals:
+    """Refused clients by reason: each reason is said at once, then at most every `every` s,
+    with how often it happened in between."""
+
+    every: float = REFUSALS_SAID_EVERY_S
+    total: int = 0
+    since_said: dict[str, int] = field(default_factory=dict)
+    said_at: dict[str, float] = field(default_factory=dict)
+
+    def add(self, why: str, now: float) -> str | None:
+        self.total += 1
+        self.since_said[why] = self.since_said.get(why, 0) + 1
+        if now - self.said_at.get(why, -self.every) < self.every:
+            return None
+        count, self.since_said[why], self.said_at[why] = self.since_said[why], 0, now
+        return why if count == 1 else f"{why} ({count} refusals since this was last said)"
+
+
+async def watch_refusals(sock: zmq.asyncio.Socket, where: str, refusals: Refusals,
+                         say: Callable[[str], None]) -> None:
+    """Until cancelled: say each client that a CURVE server socket refuses (rate limited by
+    `refusals`). libzmq drops such a peer silently; without this a sampler holding no key, or
+    a wrong one, is invisible to the run it tries to join."""
+    monitor = sock.get_monitor_socket(HANDSHAKE_FAILED)
+    try:
+        while True:
+            event = parse_monitor_message(await monitor.recv_multipart())
+            text = refusals.add(why_refused(int(event["event"]), int(event["value"])), time.monotonic())
+            if text is not None:
+                say(f"refused a client at {where}: {text}")
+    finally:
+        sock.disable_monitor()
+        monitor.close(linger=0)

@@ -31,7 +31,8 @@ import zmq.asyncio
 
 from spreeze.proto.codec import Encoder
 from spreeze.common.config import Config, from_dict
-from spreeze.common.curve_auth import CurveKeys, client_keys, server_keys, start_authenticator
+from spreeze.common.curve_auth import (CurveKeys, Refusals, client_keys, server_keys, start_authenticator,
+                                      watch_refusals)
 from spreeze.common.disk import DiskWrites
 from spreeze.common.errors import ConfigError, PeerError, RunFinished, TransportTimeout
 from spreeze.common.health import serve_health
@@ -73,6 +74,8 @@ class Service:
         self.started = time.monotonic()
         self.supervisor_seen = time.monotonic()
         self.channels: list[Channel] = [control]  # every socket of this service: their error counts go out as metrics
+        self.refusals = Refusals()  # clients its CURVE-secured tcp sockets refused
+        self.watches: list[asyncio.Task[None]] = []  # one per such socket: each refusal is said
         self.metrics_out = self.channel("metrics_in", binding=False)
         self.disk = DiskWrites(self.notify)  # writes into the run directory that a full disk may refuse
 
@@ -105,6 +108,12 @@ class Service:
         ch = Channel(self.ctx, role, endpoint, binding=binding, encoder=self.encoder, also=also,
                      curve=curve, **kw)
         self.channels.append(ch)
+        if binding and curve is not None:
+            watch = asyncio.get_running_loop().create_task(
+                watch_refusals(ch.sock, ch.tcp_endpoints, self.refusals, self.client_refused))
+            watch.add_done_callback(lambda t: t.cancelled() or t.exception() is None or log.error(
+                "watching %s for refused clients failed", ch.tcp_endpoints, exc_info=t.exception()))
+            self.watches.append(watch)
         return ch
 
     def error_metrics(self) -> dict[str, int]:
@@ -113,6 +122,8 @@ class Service:
         for ch in self.channels:
             for key, n in ch.error_metrics().items():
                 out[key] = out.get(key, 0) + n
+        if self.refusals.total:
+            out["refused_clients"] = self.refusals.total  # CURVE handshakes refused (watch_refusals)
         return out
 
     def curve(self, server: bool) -> CurveKeys | None:
@@ -144,6 +155,10 @@ class Service:
         """An event the console and the dashboard show (and the log keeps)."""
         log.warning("%s: %s", kind, reason)
         self.metrics_out.send_nowait(Event(kind, reason, {"service": self.service_id, "notify": True}))
+
+    def client_refused(self, text: str) -> None:
+        """A client that one of its CURVE-secured sockets refused (watch_refusals says why)."""
+        self.notify("refused_client", f"{self.service_id} {text}")
 
     @property
     def running(self) -> bool:
@@ -295,9 +310,9 @@ async def _main(cls: type[Service]) -> None:
         if task is not stop and task.exception() is not None:
             raise task.exception()  # type: ignore[misc]
     svc.stopping.set()
-    for task in tasks:
+    for task in (*tasks, *svc.watches):
         task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    await asyncio.gather(*tasks, *svc.watches, return_exceptions=True)
     beating = asyncio.create_task(svc.closing_heartbeats())  # close() may take a while: say so
     try:
         await svc.close()

@@ -214,6 +214,11 @@ class Channel:
                 raise ConfigError(f"cannot {'bind' if binding else 'connect'} {role} socket to "
                                   f"{each!r}: {exc}{hint}") from None
 
+    @property
+    def tcp_endpoints(self) -> str:
+        """The tcp:// endpoints of this socket, comma separated (where remote peers reach it)."""
+        return ", ".join(e for e in self.endpoints if e.startswith("tcp://"))
+
     # ------------------------------------------------------------------ sending
     async def send(self, msg: Message, to: bytes | None = None) -> bool:
         """Send, waiting while the socket (or a ROUTER's pipe to peer `to`) is full.

@@ -34,12 +34,13 @@ def test_compose_config_is_valid(profile: str, keys: bool) -> None:
     exe = shutil.which("docker-compose")
     if exe is None:
         pytest.skip("docker-compose is not installed (.ci/run installs Debian's package)")
-    env = {**os.environ, "COMPOSE_PROFILES": profile, "SPREEZE_KEYS": "/keys" if keys else ""}
+    env = {**os.environ, "COMPOSE_PROFILES": profile, "SPREEZE_KEYS": "/run/secrets/spreeze-keys" if keys else ""}
     files = ["-f", str(COMPOSE_FILE)] + (["-f", str(ROOT / "docker" / "keys.override.yml")] if keys else [])
     proc = subprocess.run([exe, *files, "config"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "services:" in proc.stdout
-    assert ("supervisor.keys=/keys" in proc.stdout) == keys
+    assert ("supervisor.keys=/run/secrets/spreeze-keys" in proc.stdout) == keys
+    assert ("target: spreeze-keys/server.key_secret" in proc.stdout) == keys  # the keys ride as secrets
     published = [line.strip() for line in proc.stdout.splitlines() if line.strip().endswith("/tcp")]
     assert published and all(p.startswith("- 127.0.0.1:") for p in published), published  # this host only
 

@@ -17,7 +17,8 @@ import zmq
 import zmq.asyncio
 
 from spreeze.proto.codec import Encoder
-from spreeze.common.curve_auth import CurveKeys, client_keys, make_keys, server_keys, start_authenticator
+from spreeze.common.curve_auth import (CurveKeys, Refusals, client_keys, make_keys, server_keys, start_authenticator,
+                                      watch_refusals)
 from spreeze.common.errors import ConfigError, TransportTimeout
 from spreeze.common.transport import Channel
 from spreeze.proto.messages import Heartbeat
@@ -92,6 +93,44 @@ def test_client_with_the_wrong_server_key_gets_nothing_through(
     good = client_keys(keys)
     wrong = CurveKeys(good.public, good.secret, zmq.curve_keypair()[0])
     assert not asyncio.run(deliver(server[1], wrong, timeout=REFUSED_WITHIN))
+
+
+def test_each_refused_client_is_said_with_why_once_then_counted(server: tuple[zmq.asyncio.Context, Channel],
+                                                                  intruder: CurveKeys, keys: Path) -> None:
+    """libzmq drops a refused peer silently; the socket's monitor names each kind of refusal."""
+    good = client_keys(keys)
+    wrong_server = CurveKeys(good.public, good.secret, zmq.curve_keypair()[0])
+    said: list[str] = []
+    refusals = Refusals(every=60.0)
+
+    async def body() -> None:
+        watch = asyncio.create_task(watch_refusals(server[1].sock, "tcp://here", refusals, said.append))
+        await asyncio.sleep(0.1)
+        for curve in (None, intruder, wrong_server, None):
+            assert not await deliver(server[1], curve, timeout=REFUSED_WITHIN)
+        assert await deliver(server[1], good, timeout=10)  # the server still serves
+        watch.cancel()
+        await asyncio.gather(watch, return_exceptions=True)
+
+    asyncio.run(body())
+    assert all(s.startswith("refused a client at tcp://here: ") for s in said), said
+    reasons = {s.split(": ", 1)[1] for s in said}
+    assert len(said) == len(reasons), said  # each reason once: the second keyless client is counted, not said
+    assert "its client key is not authorized (not in the key directory's authorized/)" in reasons, said
+    assert "it knows another server key than this run's server.key" in reasons, said
+    # a keyless client: the server sees the mechanism mismatch, or the client hanging up first on seeing it
+    assert {"it has no CURVE keys (this run admits clients with keys only: --keys DIR)",
+            "it hung up in the handshake (most often a client without CURVE keys: --keys DIR)"} & reasons, said
+    assert refusals.total >= 4
+
+
+def test_refusals_say_a_reason_again_after_the_quiet_time_with_the_count() -> None:
+    r = Refusals(every=60.0)
+    assert r.add("no keys", 0.0) == "no keys"
+    assert [r.add("no keys", t) for t in (1.0, 2.0, 30.0)] == [None, None, None]
+    assert r.add("bad key", 31.0) == "bad key"  # another reason is said at once
+    assert r.add("no keys", 61.0) == "no keys (4 refusals since this was last said)"
+    assert r.total == 6
 
 
 def test_sync_context_works_too(keys: Path) -> None:

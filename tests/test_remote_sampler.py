@@ -128,6 +128,12 @@ def test_with_keys_a_sampler_without_an_authorized_key_is_refused(tmp_path: Path
                 stop(proc)
     assert trainer.returncode == 0, out
     assert inserted(run) >= 2000 and roster(run)["trusted"]["remote"]
+    # refusals are said (console and the dashboard's events), naming the socket and why
+    # (test_curve_auth.py checks each reason's words)
+    said = [r["reason"] for r in records(run, "event") if r.get("event") == "refused_client"]
+    assert any(s.startswith(f"supervisor refused a client at {listen}: ") for s in said), said
+    assert f"event refused_client: supervisor refused a client at {listen}" in out
+    assert any(s.startswith(f"replay refused a client at tcp://127.0.0.1:{port + 2}: ") for s in said), said
 
 
 def push_unauthorized(endpoint: str, keys_dir: Path) -> None:

@@ -31,7 +31,8 @@ import zmq.asyncio
 
 from spreeze.proto.codec import Encoder
 from spreeze.common.config import TCP_OFFSETS, Config, to_dict, with_learner_setting
-from spreeze.common.curve_auth import CurveKeys, client_keys, server_keys, start_authenticator
+from spreeze.common.curve_auth import (CurveKeys, Refusals, client_keys, server_keys, start_authenticator,
+                                      watch_refusals)
 from spreeze.common.disk import DiskWrites, write_atomically
 from spreeze.common.errors import ConfigError, TransportTimeout
 from spreeze.proto.errors import SpreezeError
@@ -132,6 +133,9 @@ class Supervisor:
         if os.environ.get(ENV_HEALTH):
             jobs.append(serve_health(self.ctx, os.environ[ENV_HEALTH], self.encoder,
                                      lambda: "stopping" if self.done.is_set() else "running"))
+        if self.server_keys is not None:
+            jobs.append(watch_refusals(self.control.sock, self.control.tcp_endpoints, self.refusals,
+                                       lambda text: self.emit("refused_client", f"supervisor {text}", {})))
         if self.plan:
             jobs.append(self.announce_plan())
         if self.tuning:
@@ -165,6 +169,7 @@ class Supervisor:
         tuning loop. Called by run(), in the event loop the sockets belong to."""
         self.ctx = zmq.asyncio.Context()
         self.server_keys, self.client_keys = self.curve()
+        self.refusals = Refusals()  # clients its CURVE control socket refused (a sampler without keys)
         self.control = Channel(self.ctx, "control", self.endpoints["control"], binding=True, encoder=self.encoder,
                                also=self.tcp_also("control"), curve=self.server_keys)
         self.metrics = Channel(self.ctx, "metrics_out", self.endpoints["metrics_out"], binding=False,

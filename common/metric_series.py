@@ -22,6 +22,11 @@ LAGS = ("policy_lag", "critic_lag")
 SPARSE_PREFIXES = ("sparsity/", "flops_ratio/")
 STALLS = ("insert_stall_s", "sample_stall_s")
 RATE_WINDOW = 2.0  # seconds: rates over shorter spans only show the batching of pushes and reports
+# Bounds (a run of days keeps a dashboard's memory flat): a series over MAX_POINTS keeps every
+# second point (its shape over the whole run, at half the density), the events over MAX_EVENTS
+# their newest half. Each time, `generation` counts up: an open page is sent everything anew.
+MAX_POINTS = 2000
+MAX_EVENTS = 2000
 
 Point = list[float]
 Listener = Callable[[str, Point], None]
@@ -54,9 +59,12 @@ def _number(value: Any) -> float | None:
 class MetricSeries:
     """Points of every chart, the events, and when each service was last heard of."""
 
-    def __init__(self, replay_capacity: int = 0, rate_window: float = RATE_WINDOW) -> None:
+    def __init__(self, replay_capacity: int = 0, rate_window: float = RATE_WINDOW, max_points: int = MAX_POINTS,
+                 max_events: int = MAX_EVENTS) -> None:
         self.replay_capacity = replay_capacity  # for the replay fill fraction (0: not shown)
         self.rate_window = rate_window
+        self.max_points, self.max_events = max_points, max_events
+        self.generation = 0  # counts the thinnings: what was sent of the points and events before is void
         self.points: dict[str, list[Point]] = {}
         self.events: list[dict[str, Any]] = []
         self.last_seen: dict[str, float] = {}  # service id -> wall_time of its newest metrics
@@ -70,7 +78,11 @@ class MetricSeries:
         p = [float(v) for v in point]
         if not all(math.isfinite(v) for v in p):
             return  # a diverged loss is not drawable (and not valid JSON)
-        self.points.setdefault(name, []).append(p)
+        series = self.points.setdefault(name, [])
+        series.append(p)
+        if len(series) > self.max_points:
+            series[:] = series[::2] if len(series) % 2 else series[1::2]  # the newest point stays
+            self.generation += 1
         for listener in self.listeners:
             listener(name, p)
 
@@ -92,6 +104,9 @@ class MetricSeries:
                 self.add("eval_time:return", t, mean, std or 0.0)
         elif kind == "event":
             self.events.append(row)
+            if len(self.events) > self.max_events:
+                del self.events[:len(self.events) - self.max_events // 2]
+                self.generation += 1
 
     # ------------------------------------------------------------ per role
     def _metrics(self, service: str, t: float, values: dict[str, Any]) -> None:

@@ -102,8 +102,11 @@ class Cursor:
         self.sent: dict[str, int] = {}
         self.events = 0
         self.first = True
+        self.generation = 0
 
     def update(self, src: Source) -> dict[str, Any]:
+        if src.series.generation != self.generation:  # series were thinned: counts sent are void
+            self.sent, self.events, self.first, self.generation = {}, 0, True, src.series.generation
         points = {}
         for name, pts in list(src.series.points.items()):
             n = self.sent.get(name, 0)

@@ -241,6 +241,21 @@ def test_outbox_after_a_replay_restart_sends_a_window_then_skips_what_replay_has
     assert box.next_resend().batch == 8 and box.has_credit()  # type: ignore[union-attr]
 
 
+def test_outbox_kept_over_its_bound_lets_go_of_stored_batches_only() -> None:
+    """Snapshots not advancing (a full disk): stored batches go beyond the bound, unstored never."""
+    batch_bytes = np.zeros((4, 9), np.float32).nbytes
+    box = Outbox(window=100, timeout=10, max_kept_bytes=5 * batch_bytes)
+    for _ in range(8):
+        box.add(Experience(np.zeros((4, 9), np.float32), 3, 1, env_steps=0))
+    assert len(box.kept) == 8 and box.dropped_rows == 0  # none stored yet: all kept, over the bound
+    box.on_ack(ExperienceAck(6, "stored", 6, 0))  # stored up to 6, nothing durable
+    box.add(Experience(np.zeros((4, 9), np.float32), 3, 1, env_steps=0))
+    assert [m.batch for m in box.kept] == [5, 6, 7, 8, 9] and box.dropped_rows == 4 * 4
+    assert box.kept_bytes == 5 * batch_bytes
+    box.on_ack(ExperienceAck(9, "stored", 9, 7))
+    assert [m.batch for m in box.kept] == [8, 9] and box.kept_bytes == 2 * batch_bytes
+
+
 # ------------------------------------------------------------------ real processes
 
 def ledger_of(run_dir: Path, sender: str) -> dict[str, int]:

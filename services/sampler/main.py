@@ -63,6 +63,7 @@ class Sampler(Service):
         self.pushed = 0
         self.steps_per_push = sc.steps_per_push
         self.outbox = Outbox(sc.ack_window, sc.ack_timeout)
+        self.said_dropped = False  # kept_batches_dropped is said once
         self.push: Channel | None = None
 
     def counters(self) -> dict[str, Any]:
@@ -105,6 +106,12 @@ class Sampler(Service):
                 push.send_nowait(resend)  # a full queue (replay gone): sent again after the reconnect
             elif self.outbox.has_credit() and self.can_act():
                 push.send_nowait(self.outbox.add(self.collect()))
+                if self.outbox.dropped_rows and not self.said_dropped:
+                    self.said_dropped = True
+                    self.notify("kept_batches_dropped", f"{self.service_id}: replay's snapshots have not advanced "
+                                f"for {self.outbox.max_kept_bytes / 2**20:.0f} MiB of experience; the oldest stored "
+                                f"batches are no longer kept for a re-send (a replay crash before its next snapshot "
+                                f"would lose them; the ledger then says so)")
             else:  # out of credit, or no actor and no warm-up grant left: wait for an ack or weights
                 await push.sock.poll(ACK_WAIT_MS, zmq.POLLIN)
             await asyncio.sleep(0)  # a send that does not block never yields: let heartbeats and control run
@@ -189,6 +196,7 @@ class Sampler(Service):
         values: dict[str, Any] = {"env_steps": self.envs.steps, "sampling_hz": steps / dt,
                                   "actor_version": self.actor_version, "envs": len(self.envs), "batches_sent": box.sent,
                                   "batches_stored": box.stored, "batches_kept": len(box.kept),
+                                  "kept_bytes": box.kept_bytes, "kept_dropped_rows": box.dropped_rows,
                                   "resent": box.resends, "random_steps": self.random_steps,
                                   "warmup_granted": box.warmup}
         if self.returns:

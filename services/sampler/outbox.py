@@ -8,6 +8,11 @@ restarted (the socket reconnected), reports a gap, or acks made no progress for
 `timeout` seconds, the kept batches go out again, oldest first, through the same
 window, skipping whatever replay's acks say it already stored; replay drops any
 duplicate that still arrives.
+
+Kept batches are bounded: beyond `max_kept_bytes` (replay's snapshots not advancing, e.g.
+on a full disk) the oldest batches that replay has stored are let go. They stay in replay's
+memory; only a replay crash before its next snapshot would lose them (`dropped_rows` says
+how many rows that concerns). Batches replay has not stored are never let go.
 """
 
 from __future__ import annotations
@@ -17,15 +22,19 @@ from collections import deque
 
 from spreeze.proto.messages import Experience, ExperienceAck
 
+MAX_KEPT_BYTES = 64 * 2**20  # transitions kept for a re-send; minutes of experience at usual rates
+
 
 class Outbox:
-    def __init__(self, window: int, timeout: float) -> None:
-        self.window, self.timeout = window, timeout
+    def __init__(self, window: int, timeout: float, max_kept_bytes: int = MAX_KEPT_BYTES) -> None:
+        self.window, self.timeout, self.max_kept_bytes = window, timeout, max_kept_bytes
         self.sent = 0  # batch number of the newest batch (batches are numbered from 1)
         self.sent_env_steps = 0  # the env_steps count the newest batch carried
         self.stored = 0  # replay's newest report: batches <= stored are stored
         self.durable = 0  # batches <= durable are in a snapshot: forgotten here
         self.kept: deque[Experience] = deque()  # numbered and not yet durable, oldest first
+        self.kept_bytes = 0  # of their transitions
+        self.dropped_rows = 0  # stored but not durable rows let go over max_kept_bytes
         self.resend_from = 0  # next kept batch to send again (0: no re-send in progress)
         self.resent_upto = 0  # a gap report about a batch <= this predates our last re-send
         self.progress_at = time.monotonic()  # last time acks advanced (or a re-send started)
@@ -56,7 +65,14 @@ class Outbox:
         self.sent_env_steps = msg.env_steps
         msg.batch = self.sent
         self.kept.append(msg)
+        self.kept_bytes += msg.transitions.nbytes
+        while self.kept_bytes > self.max_kept_bytes and self.kept[0].batch <= self.stored:
+            self.dropped_rows += len(self.kept[0].transitions)
+            self.forget_oldest()
         return msg
+
+    def forget_oldest(self) -> None:
+        self.kept_bytes -= self.kept.popleft().transitions.nbytes
 
     def next_resend(self) -> Experience | None:
         """The next kept batch of a re-send in progress, or None (then send new batches)."""
@@ -83,7 +99,7 @@ class Outbox:
         if ack.durable > self.durable:
             self.durable = ack.durable
             while self.kept and self.kept[0].batch <= self.durable:
-                self.kept.popleft()
+                self.forget_oldest()
         if ack.status == "gap" and ack.batch > self.resent_upto:
             self.resend(ack.stored + 1)
 

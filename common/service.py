@@ -111,8 +111,7 @@ class Service:
         if binding and curve is not None:
             watch = asyncio.get_running_loop().create_task(
                 watch_refusals(ch.sock, ch.tcp_endpoints, self.refusals, self.client_refused))
-            watch.add_done_callback(lambda t: t.cancelled() or t.exception() is None or log.error(
-                "watching %s for refused clients failed", ch.tcp_endpoints, exc_info=t.exception()))
+            watch.add_done_callback(watch_ended)
             self.watches.append(watch)
         return ch
 
@@ -226,6 +225,12 @@ class Service:
 
 
 # ---------------------------------------------------------------- process entry
+
+def watch_ended(task: asyncio.Task[None]) -> None:
+    """A refusal watch ends when cancelled; anything else is a fault worth a log line."""
+    if not task.cancelled() and task.exception() is not None:
+        log.error("watching a CURVE socket for refused clients failed", exc_info=task.exception())
+
 
 def run_keys(cfg: Config | None) -> str | None:
     """The CURVE key directory of this process (SPREEZE_KEYS), checked against the run's config."""

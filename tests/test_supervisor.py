@@ -17,7 +17,7 @@ import zmq.asyncio
 from spreeze.proto.codec import Encoder
 from spreeze.common.config import Config
 from spreeze.common.transport import Channel
-from spreeze.proto.messages import EvalResult, Event, Metrics
+from spreeze.proto.messages import EvalResult, Event, Heartbeat, Metrics
 from spreeze.services.supervisor.main import Supervisor
 from spreeze.services.supervisor.processes import (
     OBSERVER_NICE, Child, RestartPolicy, ServiceSpec, roster, service, spawn)
@@ -193,7 +193,8 @@ def test_a_crash_looping_learner_says_why_and_a_run_without_updates_fails(
 def test_a_registered_service_heartbeats_and_exits_on_shutdown(tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
-    cfg = run_config(tmp_path, "supervisor.heartbeat_interval=0.1")
+    # liveness 30: a busy machine (a bare container beside other tests) may stall it half a second
+    cfg = run_config(tmp_path, "supervisor.heartbeat_interval=0.1", "supervisor.liveness=30")
 
     async def during(sup: Supervisor, task: asyncio.Task[int]) -> None:
         child = sup.children["idle-0"]
@@ -210,6 +211,15 @@ def test_a_registered_service_heartbeats_and_exits_on_shutdown(tmp_path: Path,
     assert child.total_restarts == 0 and child.state == "stopped"  # its last heartbeat said goodbye
     row = json.loads((Path(cfg.run_dir) / "services.json").read_text())["idle-0"]
     assert row["state"] == "stopped" and row["pid"] == child.proc.pid
+
+
+def test_a_heartbeat_of_an_incarnation_taken_for_dead_does_not_revive_it() -> None:
+    child = Child(ServiceSpec("idle-0", "idle", "tests.idle_service"), registered=True)
+    Supervisor.child_heartbeat(child, Heartbeat("idle-0", "running"))
+    assert child.state == "running" and child.last_heartbeat > 0
+    child.restart_at, child.state, child.registered, child.last_heartbeat = 1.0, "restarting", False, 0.0
+    Supervisor.child_heartbeat(child, Heartbeat("idle-0", "running"))  # still queued from the killed process
+    assert child.state == "restarting" and child.last_heartbeat == 0.0
 
 
 def test_a_service_building_itself_after_registering_is_not_taken_for_dead(tmp_path: Path,

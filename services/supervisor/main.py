@@ -303,7 +303,7 @@ class Supervisor:
             return
         child.restarts.append(now)
         child.total_restarts += 1
-        child.restart_at, child.state = now + delay, "restarting"
+        child.restart_at, child.state, child.registered = now + delay, "restarting", False
         self.emit("restart", f"{sid} {why}{said}; restarting in {delay:.1f}s",
                   {"service": sid, "delay": delay, "last_error": child.last_error})
 
@@ -324,13 +324,21 @@ class Supervisor:
                     self.ledger.registered(sid)
                 await self.welcome(peer, sid, msg)  # type: ignore[arg-type]
             elif isinstance(msg, Heartbeat) and child is not None:
-                child.last_heartbeat, child.state, child.counters = time.monotonic(), msg.state, msg.counters
+                self.child_heartbeat(child, msg)
             elif isinstance(msg, Heartbeat):
                 if not self.external_heartbeat(sid, msg) and msg.state not in ("stopping", "stopped"):
                     await self.control.send(Error(UNREGISTERED, f"{sid!r} is not registered with this supervisor "
                                                   "(it restarted): register again", msg.TYPE), to=peer)
             elif isinstance(msg, ControlReply) and not msg.ok:
                 log.warning("%s refused control request %d: %s", sid, msg.request_id, msg.detail)
+
+    @staticmethod
+    def child_heartbeat(child: Child, msg: Heartbeat) -> None:
+        """Take a heartbeat of a service this supervisor started. One still queued from an
+        incarnation it took for dead (killed, restart pending) is dropped: it would mark a dead
+        service running."""
+        if child.registered and not child.restart_at:
+            child.last_heartbeat, child.state, child.counters = time.monotonic(), msg.state, msg.counters
 
     async def welcome(self, peer: bytes, sid: str, msg: Register) -> None:
         child = self.children.get(sid)

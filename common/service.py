@@ -70,7 +70,7 @@ class Service:
         self.authenticator: Any = None
         self.stopping = asyncio.Event()
         self.paused = False
-        self.rejoining = False  # registering again with a restarted supervisor
+        self.rejoined_at = 0.0  # when it last registered again with a restarted supervisor (0: not now)
         self.started = time.monotonic()
         self.supervisor_seen = time.monotonic()
         self.channels: list[Channel] = [control]  # every socket of this service: their error counts go out as metrics
@@ -189,18 +189,33 @@ class Service:
             self.supervisor_seen = time.monotonic()
             if isinstance(msg, Control):
                 await self.control.send(self.on_control(msg))
-            elif isinstance(msg, Error) and msg.code == UNREGISTERED and not self.rejoining:
-                log.warning("the supervisor does not know this service (it restarted): registering again")
-                self.rejoining = True
-                await self.control.send(registration(self.ROLE, self.service_id, self.remote))
-            elif isinstance(msg, Welcome) and self.rejoining:
+            elif isinstance(msg, Error) and msg.code == UNREGISTERED:
+                await self.rejoin()
+            elif isinstance(msg, Error) and msg.code == FINISHED and self.rejoined_at:
+                log.info("the restarted supervisor's run has finished (%s): stopping", msg.detail)
+                self.stopping.set()  # a clean stop: close() keeps what this service holds
+            elif isinstance(msg, Error) and self.rejoined_at:
+                raise PeerError(f"the restarted supervisor refused the registration: {msg.detail}")
+            elif isinstance(msg, Welcome) and self.rejoined_at:
                 self.rejoined(msg)
+
+    async def rejoin(self) -> None:
+        """Register again with a supervisor that does not know this service (it restarted); again
+        if no Welcome came within the liveness time (the first try may be lost with a connection
+        the restart broke)."""
+        now = time.monotonic()
+        if self.rejoined_at and now - self.rejoined_at < self.cfg.supervisor.liveness * self.heartbeat_interval:
+            return  # asked already: its Welcome may be on the way
+        log.warning("the supervisor does not know this service (it restarted): registering %s",
+                    "again" if not self.rejoined_at else "again (no Welcome yet)")
+        self.rejoined_at = now
+        await self.control.send(registration(self.ROLE, self.service_id, self.remote))
 
 
     def rejoined(self, welcome: Welcome) -> None:
         """The welcome of a restarted supervisor: go on where its endpoints are the same (PeerError
         otherwise: this process exits, for its owner to start it again)."""
-        self.rejoining = False
+        self.rejoined_at = 0.0
         endpoints = reachable(welcome.endpoints, self.control.endpoint) if self.remote else welcome.endpoints
         if endpoints != self.endpoints:
             raise PeerError(f"the restarted supervisor gave other endpoints ({endpoints}, were {self.endpoints}): "

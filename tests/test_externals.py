@@ -195,6 +195,15 @@ def test_a_service_told_the_run_finished_exits_0_and_one_unknown_to_a_restarted_
             if isinstance(msg, Register):
                 break
         assert msg.service_id == "idle-0" and msg.role == "idle"
+        # that registration is lost (as with a connection the restart broke): no Welcome; it asks
+        # again once its liveness time (5 heartbeats) has passed without one
+        asked = time.monotonic()
+        while True:
+            peer, msg = await control.recv(timeout=30)
+            if isinstance(msg, Register):
+                break
+            await control.send(Error(UNREGISTERED, "'idle-0' is not registered (it restarted)", msg.TYPE), to=peer)
+        assert time.monotonic() - asked >= 0.9
         await control.send(welcome, to=peer)
         peer, msg = await control.recv(timeout=30)
         assert isinstance(msg, Heartbeat) and msg.state == "running"  # goes on with the new supervisor

@@ -46,7 +46,8 @@ SMALL = ["env=Pendulum-v1", "td3.hidden=[32,32]", "sac.hidden=[32,32]", "replay.
          "replay.min_size=64", "sampler.warmup_steps=0", "sampler.envs_per_sampler=2",
          "sampler.steps_per_push=8", "learner.batch_size=32", "learner.prefetch=2", "learner.compile=false",
          "learner.batches_per_request=1",
-         "eval.episodes=1", "eval.video_every=0", "supervisor.heartbeat_interval=0.05"]
+         "eval.episodes=1", "eval.video_every=0", "supervisor.heartbeat_interval=0.05",
+         "supervisor.liveness=40"]  # 2 s of silence: a busy machine (CI, a bare container) stalls a process for 0.25 s
 
 
 def free_port_base(count: int = 4) -> int:

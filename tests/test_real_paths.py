@@ -168,8 +168,12 @@ def test_compose_cpu_profile_on_a_real_engine(images: None) -> None:
             last_start = max(i for i, r in enumerate(rows) if r["kind"] == "start")
             return {str(r.get("service")) for r in rows[last_start:]
                     if r["kind"] == "event" and r.get("event") == "join"}
-        de.wait_for(lambda: {"replay", "critic_learner", "actor_learner", "evaluator", "visualizer"} <= joined_again(),
-                    300, "replay, learners, evaluator and visualizer registered with the resumed supervisor")
+        wanted = {"replay", "critic_learner", "actor_learner", "evaluator", "visualizer"}
+        try:
+            de.wait_for(lambda: wanted <= joined_again(), 300,
+                        "replay, learners, evaluator and visualizer registered with the resumed supervisor")
+        except AssertionError as exc:  # say who is missing and what the roster says of them
+            raise AssertionError(f"{exc}: joined {sorted(joined_again())}; services.json {services_json()}") from None
         before = critic_updates()
         de.wait_for(lambda: critic_updates() > before, 300, "updates after the supervisor's restart")
 

@@ -334,10 +334,10 @@ def test_a_hub_prints_and_records_the_plan_that_turned_compile_off(tmp_path: Pat
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     """A hub (compose, Swarm) starts no process, but the config it hands out was planned: its
     plan lines say why the learners update eagerly, on the console and in metrics.jsonl."""
-    from spreeze.services.supervisor import main, probe, start
+    from spreeze.services.supervisor import main, probe, start, tuning_host
 
     monkeypatch.setattr(probe, "probe", lambda: probe.Hardware(cores=2, memory_gib=4.0))  # no C++ compiler
-    monkeypatch.setattr(main, "BUS_WAIT", 0.5)  # no service publishes here: announce once the bus is up
+    monkeypatch.setattr(tuning_host, "BUS_WAIT", 0.5)  # no service publishes here: announce once the bus is up
     monkeypatch.setattr(main, "LATE_WINDOW", 0.5)  # nothing registers late here
     cfg = run_config(tmp_path, "supervisor.mode=hub", "learner.compile=true", "time_limit=1.5")
     assert start.start(cfg, frozenset(), resumed=False, quiet=False) == 0

@@ -3,7 +3,7 @@
 Reads top to bottom: `run()` binds the hub sockets, starts the children, then runs four
 loops until the budget is spent or a signal arrives: control (registrations and
 heartbeats), metrics (metrics.jsonl), watch (crashes, silence, restarts) and progress
-(the console line). `shutdown()` stops data producers first, then the rest, so the
+(the console line). `shut_down()` (shutdown.py) stops data producers first, then the rest, so the
 evaluator's last result and the learners' final checkpoints make it to disk. Right after the
 samplers are told to stop, replay is told to drain (store everything, rate limiter and budget
 notwithstanding), and at the very end
@@ -16,7 +16,6 @@ over supervisor.listen) register too; externals.py keeps them, by heartbeats onl
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import os
 import logging
@@ -30,44 +29,39 @@ import zmq
 import zmq.asyncio
 
 from spreeze.proto.codec import Encoder
-from spreeze.common.config import TCP_OFFSETS, Config, to_dict, with_learner_setting
+from spreeze.common.config import TCP_OFFSETS, Config, to_dict
 from spreeze.common.curve_auth import (CurveKeys, Refusals, client_keys, server_keys, start_authenticator,
                                       watch_refusals)
 from spreeze.common.disk import DiskWrites, write_atomically
 from spreeze.common.errors import ConfigError, TransportTimeout
-from spreeze.proto.errors import SpreezeError
 from spreeze.common.health import serve_health
 from spreeze.common.health_probe import ENV_HEALTH
 from spreeze.common.service import ENV_KEYS
 from spreeze.common.transport import Channel
 from spreeze.proto.messages import (FINISHED, UNREGISTERED, Control, ControlReply, Error, EvalResult, Event, Heartbeat,
                                     Register, Welcome)
-from spreeze.proto.names import (ACTOR_LEARNER, CRITIC_LEARNER, EVALUATOR, LEARNER, LEARNER_ROLES, REPLAY, SAMPLER,
-                         VISUALIZER)
+from spreeze.proto.names import (ACTOR_LEARNER, CRITIC_LEARNER, LEARNER, REPLAY, SAMPLER)
 from spreeze.services.supervisor.endpoints import run_endpoints
 from spreeze.services.supervisor.externals import External, Externals
 from spreeze.services.supervisor.bus import metrics_proxy
 from spreeze.services.supervisor.ledger import Ledger
 from spreeze.services.supervisor.sampler_watch import SamplerWatch
 from spreeze.services.supervisor.sampler_watch import hint as sampler_hint
-from spreeze.services.supervisor.probe import Choice, cpu_seconds, host_cpu
+from spreeze.services.supervisor.probe import Choice
 from spreeze.services.supervisor.processes import (Child, RestartPolicy, ServiceSpec, core_sets, last_log_line,
-                                                   roster, spawn, terminate)
+                                                   roster, spawn)
 from spreeze.services.supervisor.progress import Progress
 from spreeze.services.supervisor.samplers import SamplerPool
-from spreeze.services.supervisor.tuner import Setting
-from spreeze.services.supervisor.tuning import Sample, TuningLoop
+from spreeze.services.supervisor.shutdown import shut_down
+from spreeze.services.supervisor.tuning import TuningLoop
+from spreeze.services.supervisor.tuning_host import SupervisorHost, announce_plan
 
 log = logging.getLogger(__name__)
 
 WATCH_EVERY = 0.2  # seconds between liveness checks
 STOP_GRACE = 20.0  # seconds a service has to exit after a shutdown command
-KILL_GRACE = 5.0  # seconds between SIGTERM and SIGKILL for a service that outstays its stop grace
-GOODBYE_GRACE = 1.0  # seconds for the control loop to take the goodbyes of services that exited cleanly
-LAST_TO_STOP = (EVALUATOR, REPLAY, VISUALIZER)  # the final evaluation reaches disk and dashboard
 INTERRUPTED = 128 + signal.SIGINT  # exit status of a run stopped by Ctrl-C, as a shell reports one
 HUB_IGNORES = frozenset({"sampler.num_samplers"})  # plan keys a hub does not act on (it starts no sampler)
-BUS_WAIT = 5.0  # seconds to wait for the metrics bus to carry a first record before publishing the plan
 LATE_WINDOW = 15.0  # a finished hub answers registrations until none came for this long (imports take 2-10 s)
 
 
@@ -137,14 +131,14 @@ class Supervisor:
             jobs.append(watch_refusals(self.control.sock, self.control.tcp_endpoints, self.refusals,
                                        lambda text: self.emit("refused_client", f"supervisor {text}", {})))
         if self.plan:
-            jobs.append(self.announce_plan())
+            jobs.append(announce_plan(self))
         if self.tuning:
             jobs.append(self.tuning.run())
         tasks = [asyncio.create_task(c, name=getattr(c, "__qualname__", None)) for c in jobs]
         for task in tasks:
             task.add_done_callback(self.loop_ended)
         await self.done.wait()
-        await self.shutdown()
+        await shut_down(self)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -177,7 +171,7 @@ class Supervisor:
         self.events = Channel(self.ctx, "metrics_in", self.endpoints["metrics_in"], binding=False,
                               encoder=self.encoder, curve=self.client_keys)
         self.samplers = SamplerPool(self.children, self.start, self.tell, self.cfg.sampler.num_samplers, STOP_GRACE)
-        self.tuning = TuningLoop(self, self.cfg, self.pinned) if self.tunable else None
+        self.tuning = TuningLoop(SupervisorHost(self), self.cfg, self.pinned) if self.tunable else None
 
     def curve(self) -> tuple[CurveKeys | None, CurveKeys | None]:
         """(server, client) keys of the tcp-facing hub sockets; (None, None) in a run without keys."""
@@ -484,54 +478,6 @@ class Supervisor:
                 self.emit("stalled", why, {"notify": True})
             stalled = why is not None
 
-    # ------------------------------------------------------------------ the tuning loop's host
-    async def announce_plan(self) -> None:
-        """Publish the start plan's choices as `plan` events, once the metrics bus carries records."""
-        deadline = time.monotonic() + BUS_WAIT
-        while not self.progress.latest and time.monotonic() < deadline:
-            await asyncio.sleep(0.1)  # events sent before the bus carries anything may be dropped
-        for choice in self.plan:
-            self.emit("plan", choice.describe(),
-                      {"key": choice.key, "value": choice.value})
-
-    def read(self) -> Sample | None:
-        """The counters the tuner's windows are made of; None until the learner and replay reported."""
-        p = self.progress
-        learner, replay = p.latest.get(self.learner_id), p.latest.get(REPLAY)
-        if learner is None or replay is None:
-            return None
-        cpu = {}
-        for sid, child in self.children.items():
-            used = cpu_seconds(child.proc.pid) if child.alive else None  # type: ignore[union-attr]
-            if used is not None:
-                cpu[sid] = used
-        return Sample(time.monotonic(), float(learner.get("updates", 0)), p.arrived[self.learner_id],
-                      float(replay.get("inserted", 0)), float(replay.get("insert_stall_s", 0.0)),
-                      float(replay.get("sample_stall_s", 0.0)), p.arrived[REPLAY], cpu, host_cpu()[0])
-
-    async def apply(self, new: Setting) -> None:
-        """Run with `new` from now on: the config follows (restarted and new services get it),
-        `set` commands carry it to the running services, samplers are started or retired."""
-        cfg = self.cfg
-        old = Setting(cfg.sampler.num_samplers, cfg.sampler.envs_per_sampler, cfg.learner.batch_size,
-                      cfg.learner.batches_per_request)
-        cfg = dataclasses.replace(cfg, sampler=dataclasses.replace(
-            cfg.sampler, num_samplers=new.samplers, envs_per_sampler=new.envs))
-        cfg = with_learner_setting(cfg, "batch_size", new.batch, "supervisor")
-        self.cfg = with_learner_setting(cfg, "batches_per_request", new.bpr, "supervisor")
-        if new.batch != old.batch:
-            self.set_all((REPLAY, *LEARNER_ROLES), "batch_size", new.batch)
-        if new.bpr != old.bpr:
-            self.set_all((REPLAY, *LEARNER_ROLES), "batches_per_request", new.bpr)
-        if new.envs != old.envs:
-            self.set_all((SAMPLER,), "envs_per_sampler", new.envs)
-        for _ in range(new.samplers - old.samplers):
-            self.samplers.add()
-        for _ in range(old.samplers - new.samplers):
-            self.samplers.retire()
-        if new.samplers < old.samplers:
-            self.write_roster()
-
     def set_all(self, roles: tuple[str, ...], key: str, value: Any) -> None:
         """Tell every running service of `roles` to set `key`: the ones it started and the ones
         that registered on their own (compose containers, remote samplers)."""
@@ -540,81 +486,3 @@ class Supervisor:
                 self.tell(child.spec.service_id, "set", key, value)
         for ext in self.externals.live(roles):
             self.tell(ext.service_id, "set", key, value)
-
-    # ------------------------------------------------------------------ shutdown
-    async def shutdown(self) -> None:
-        """Producers stop (samplers, learners) and replay drains, then evaluator, replay and visualizer."""
-        first = [c for c in self.children.values() if c.spec.role not in LAST_TO_STOP]
-        first += self.samplers.leaving()
-        last = [c for c in self.children.values() if c.spec.role in LAST_TO_STOP]
-        outside = [e for e in self.externals.live() if e.role not in LAST_TO_STOP]
-        for group, externals in ((first, outside), (last, self.externals.live(LAST_TO_STOP))):
-            self.stopping |= {child.spec.service_id for child in group}
-            for child in group:
-                child.restart_at = 0.0
-                if child.alive and child.registered:
-                    self.tell(child.spec.service_id, "shutdown")
-                elif child.alive:  # still starting (importing, registering): it has nothing to keep
-                    child.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
-            for ext in externals:
-                self.tell(ext.service_id, "shutdown")
-            if group is first:
-                self.drain()
-            await self._wait_exit(group, externals, self.stop_grace)
-            # off the event loop: pings must go on meanwhile, or the services still running
-            # (replay, the evaluator) take the supervisor for dead and exit without their last work
-            await asyncio.to_thread(terminate, group, min(KILL_GRACE, self.stop_grace))
-        await self._take_goodbyes(GOODBYE_GRACE)
-        await self._drain_metrics(0.5)
-        self.write_roster()
-        self.account()
-
-    def drain(self) -> None:
-        """Tell replay to store every batch from now on, rate limiter and budget notwithstanding:
-        the samplers, told to stop just before (so that they make no new batches on the
-        credit its acks give back), flush what they hold."""
-        for child in self.children.values():
-            if child.spec.role == REPLAY and child.alive and child.registered:
-                self.tell(child.spec.service_id, "set", "drain", True)
-        for ext in self.externals.live((REPLAY,)):
-            self.tell(ext.service_id, "set", "drain", True)
-
-    def account(self) -> None:
-        """Record the ledger (ledger.py) and say whether every sampler's env steps were stored."""
-        replay: dict[str, Any] = {}
-        for values in self.progress.by_role(REPLAY):
-            replay.update(values)
-        record, summary = self.ledger.record(replay)
-        self.progress.record("ledger", record)
-        self.say(summary)
-
-    async def _wait_exit(self, group: list[Child], externals: list[External], timeout: float) -> None:
-        """Until the children exited and the externals said goodbye or went quiet (or the timeout)."""
-        deadline = time.monotonic() + timeout
-        quiet = 2 * self.cfg.supervisor.heartbeat_interval
-
-        def waiting() -> bool:
-            now = time.monotonic()
-            return (any(c.alive for c in group)
-                    or any(e.live and now - e.last_heartbeat < quiet for e in externals))
-        while waiting() and time.monotonic() < deadline:
-            await self._drain_metrics(0.1)
-
-    async def _take_goodbyes(self, timeout: float) -> None:
-        """Until every child that exited by itself (code 0) has had its last heartbeat, state
-        `stopped`, taken by the control loop (or the timeout): it is sent just before the exit
-        and may still be queued when the exit is seen."""
-        deadline = time.monotonic() + timeout
-
-        def pending() -> bool:
-            return any(c.registered and c.proc is not None and c.proc.poll() == 0 and c.state != "stopped"
-                       for c in self.children.values())
-        while pending() and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)  # the control loop runs meanwhile
-
-    async def _drain_metrics(self, seconds: float) -> None:
-        try:
-            for _, msg in await self.metrics.recv_many(1024, timeout=seconds):
-                self.progress.take(msg)
-        except SpreezeError:
-            pass

@@ -37,23 +37,13 @@ from typing import Any
 from spreeze.bench.system import BenchFailed, STARTUP_S, add_output_args, measure, rate
 from spreeze.common.config import Config, given_keys, load_config
 from spreeze.services.supervisor.main import Supervisor
-from spreeze.services.supervisor.probe import probe
+from spreeze.services.supervisor.probe import cpu_seconds, probe
 from spreeze.services.supervisor.processes import roster
 from spreeze.services.supervisor.start import planned
 from spreeze.services.supervisor.progress import Progress
 from spreeze.proto.names import LEARNER_ROLES
 
 HUGE = 10 ** 15  # total_steps: never reached
-TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float | None:
-    """utime + stime of a live process, from /proc (None once it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return (int(fields[11]) + int(fields[12])) / TICKS
 
 
 class CpuWindow:

@@ -21,7 +21,6 @@ import pytest
 
 from spreeze.common.config import given_keys
 from spreeze.services.supervisor.main import Supervisor
-from spreeze.services.supervisor.tuning_host import SupervisorHost
 from spreeze.services.supervisor.probe import plan, probe
 from spreeze.services.supervisor.tuner import Setting
 from tests.helpers import config
@@ -81,7 +80,7 @@ def test_running_training_takes_tuning_actions(tmp_path: Path, monkeypatch: pyte
 async def drive(sup: Supervisor, seen: dict[str, Any]) -> None:
     await until(lambda: (newest(sup, "learner", "updates") or 0) > 5, "learner updates")
     inserted = newest(sup, "replay", "inserted")
-    await SupervisorHost(sup).apply(Setting(samplers=2, envs=3, batch=64, bpr=8))
+    await sup.apply(Setting(samplers=2, envs=3, batch=64, bpr=8))
     assert sup.cfg.sampler.num_samplers == 2 and sup.cfg.learner.batch_size == 64
     assert sup.cfg.learner.batches_per_request == 8
     child = sup.children["sampler-1"]
@@ -97,7 +96,7 @@ async def drive(sup: Supervisor, seen: dict[str, Any]) -> None:
                 "3 envs in every sampler")
     steps_1 = newest(sup, "sampler-1", "env_steps")
     await until(lambda: newest(sup, "replay", "inserted") > inserted + steps_1, "sampler-1's steps in replay")
-    await SupervisorHost(sup).apply(Setting(samplers=1, envs=3, batch=64, bpr=8))
+    await sup.apply(Setting(samplers=1, envs=3, batch=64, bpr=8))
     assert "sampler-1" not in sup.children
     await until(lambda: child.proc is not None and child.proc.poll() is not None, "sampler-1 exit", 30)
     seen["retired_rc"] = child.proc.returncode  # type: ignore[union-attr]
@@ -171,7 +170,7 @@ def test_a_hub_sets_envs_and_batches_per_request_in_services_it_did_not_start(tm
                 procs.append(subprocess.Popen([sys.executable, "-m", f"spreeze.services.{role}"],
                                               env={**env, "SPREEZE_SERVICE_ID": sid}, cwd=run_dir))
             await until(lambda: (newest(sup, "learner", "updates") or 0) > 5, "learner updates")
-            await SupervisorHost(sup).apply(Setting(samplers=1, envs=3, batch=32, bpr=8))
+            await sup.apply(Setting(samplers=1, envs=3, batch=32, bpr=8))
             await until(lambda: newest(sup, "sampler-0", "envs") == 3, "3 envs in the sampler")
             await until(lambda: newest(sup, "learner", "batches_per_request") == 8, "8 batches per request")
         finally:

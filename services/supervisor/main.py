@@ -52,9 +52,9 @@ from spreeze.services.supervisor.processes import (Child, RestartPolicy, Service
                                                    roster, spawn)
 from spreeze.services.supervisor.progress import Progress
 from spreeze.services.supervisor.samplers import SamplerPool
-from spreeze.services.supervisor.shutdown import shut_down
+from spreeze.services.supervisor.shutdown import StopSequence
 from spreeze.services.supervisor.tuning import TuningLoop
-from spreeze.services.supervisor.tuning_host import SupervisorHost, announce_plan
+from spreeze.services.supervisor.tuning_host import TuningHostPart
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ HUB_IGNORES = frozenset({"sampler.num_samplers"})  # plan keys a hub does not ac
 LATE_WINDOW = 15.0  # a finished hub answers registrations until none came for this long (imports take 2-10 s)
 
 
-class Supervisor:
+class Supervisor(StopSequence, TuningHostPart):
     # made in `open`, in run(): they command services through the control socket it creates
     samplers: SamplerPool  # the local samplers started and retired while training
     tuning: TuningLoop | None  # the tuner's loop (None: not tuned)
@@ -131,14 +131,14 @@ class Supervisor:
             jobs.append(watch_refusals(self.control.sock, self.control.tcp_endpoints, self.refusals,
                                        lambda text: self.emit("refused_client", f"supervisor {text}", {})))
         if self.plan:
-            jobs.append(announce_plan(self))
+            jobs.append(self.announce_plan())
         if self.tuning:
             jobs.append(self.tuning.run())
         tasks = [asyncio.create_task(c, name=getattr(c, "__qualname__", None)) for c in jobs]
         for task in tasks:
             task.add_done_callback(self.loop_ended)
         await self.done.wait()
-        await shut_down(self)
+        await self.shut_down()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -171,7 +171,7 @@ class Supervisor:
         self.events = Channel(self.ctx, "metrics_in", self.endpoints["metrics_in"], binding=False,
                               encoder=self.encoder, curve=self.client_keys)
         self.samplers = SamplerPool(self.children, self.start, self.tell, self.cfg.sampler.num_samplers, STOP_GRACE)
-        self.tuning = TuningLoop(SupervisorHost(self), self.cfg, self.pinned) if self.tunable else None
+        self.tuning = TuningLoop(self, self.cfg, self.pinned) if self.tunable else None
 
     def curve(self) -> tuple[CurveKeys | None, CurveKeys | None]:
         """(server, client) keys of the tcp-facing hub sockets; (None, None) in a run without keys."""

@@ -34,6 +34,7 @@ from spreeze.common.config import Config, from_dict
 from spreeze.common.curve_auth import (CurveKeys, Refusals, client_keys, server_keys, start_authenticator,
                                       watch_refusals)
 from spreeze.common.disk import DiskWrites
+from spreeze.common import heap
 from spreeze.common.errors import ConfigError, PeerError, RunFinished, TransportTimeout
 from spreeze.common.health import serve_health
 from spreeze.common.health_probe import ENV_HEALTH
@@ -175,6 +176,13 @@ class Service:
                 # (queued input: the supervisor spoke while this loop was busy; control_loop reads it next)
                 raise PeerError(f"no word from the supervisor for {liveness:.1f}s: exiting")
             await asyncio.sleep(self.heartbeat_interval)
+
+    async def trim_heap(self) -> None:
+        """Every TRIM_EVERY_S seconds, the memory this process freed goes back to the system
+        (heap.py: without it a sampler grew at each replay restart)."""
+        while self.running and heap.trim():
+            await asyncio.sleep(heap.TRIM_EVERY_S)
+        await self.stopping.wait()  # no such call here (not glibc): nothing to do
 
     async def closing_heartbeats(self) -> None:
         """While close() flushes (final checkpoint, last acks): heartbeats with state `stopping`,
@@ -320,7 +328,7 @@ async def _main(cls: type[Service]) -> None:
     svc = cls(welcome.service_id or service_id, welcome, ctx, control, encoder)
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, svc.stopping.set)
-    jobs = [svc.serve(), svc.heartbeats(), svc.control_loop()]
+    jobs = [svc.serve(), svc.heartbeats(), svc.control_loop(), svc.trim_heap()]
     if os.environ.get(ENV_HEALTH):
         jobs.append(serve_health(ctx, os.environ[ENV_HEALTH], encoder, svc.health_state, svc.health_detail))
     tasks = [asyncio.create_task(t) for t in jobs]

@@ -208,7 +208,7 @@ def test_a_registered_service_heartbeats_and_exits_on_shutdown(tmp_path: Path,
     child = sup.children["idle-0"]
     assert rc == 0 and sup.stop_reason == "test done"
     assert child.proc is not None and child.proc.returncode == 0  # exited by itself on shutdown
-    assert child.total_restarts == 0 and child.state == "stopped"  # its last heartbeat said goodbye
+    assert child.total_restarts == 0 and child.state == "stopped"  # its goodbye, or its exit code 0
     row = json.loads((Path(cfg.run_dir) / "services.json").read_text())["idle-0"]
     assert row["state"] == "stopped" and row["pid"] == child.proc.pid
 

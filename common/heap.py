@@ -11,7 +11,6 @@ library is not glibc (musl, macOS) there is no such call and `trim()` does nothi
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 from typing import Any
 
 TRIM_EVERY_S = 60.0  # seconds between trims: cheap (a few ms at most), and memory stays flat
@@ -20,10 +19,11 @@ _malloc_trim: Any = None
 
 
 def _load() -> Any:
-    name = ctypes.util.find_library("c")
+    """malloc_trim among the symbols the process has loaded (the C library's), or None.
+    (Not ctypes.util.find_library: it runs ldconfig in a subprocess, and a fork in a service
+    whose ZeroMQ context runs was seen to lose the messages it sent just before exiting.)"""
     try:
-        libc = ctypes.CDLL(name) if name else None
-        return getattr(libc, "malloc_trim", None)
+        return getattr(ctypes.CDLL(None), "malloc_trim", None)
     except OSError:
         return None
 

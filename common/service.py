@@ -169,20 +169,17 @@ class Service:
         # remote: the network may drop for a while; ZeroMQ reconnects and heartbeats resume
         liveness = (self.cfg.supervisor.remote_patience if self.remote
                     else self.cfg.supervisor.liveness * self.heartbeat_interval)
+        trimmed = time.monotonic()
         while self.running:
             await self.control.send(Heartbeat(self.service_id, "paused" if self.paused else "running",
                                               self.counters()))
+            if time.monotonic() - trimmed > heap.TRIM_EVERY_S:  # freed memory back to the system (heap.py:
+                trimmed = time.monotonic()  # without it a sampler grew at each replay restart)
+                heap.trim()
             if time.monotonic() - self.supervisor_seen > liveness and not self.control.has_input():
                 # (queued input: the supervisor spoke while this loop was busy; control_loop reads it next)
                 raise PeerError(f"no word from the supervisor for {liveness:.1f}s: exiting")
             await asyncio.sleep(self.heartbeat_interval)
-
-    async def trim_heap(self) -> None:
-        """Every TRIM_EVERY_S seconds, the memory this process freed goes back to the system
-        (heap.py: without it a sampler grew at each replay restart)."""
-        while self.running and heap.trim():
-            await asyncio.sleep(heap.TRIM_EVERY_S)
-        await self.stopping.wait()  # no such call here (not glibc): nothing to do
 
     async def closing_heartbeats(self) -> None:
         """While close() flushes (final checkpoint, last acks): heartbeats with state `stopping`,
@@ -328,7 +325,7 @@ async def _main(cls: type[Service]) -> None:
     svc = cls(welcome.service_id or service_id, welcome, ctx, control, encoder)
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, svc.stopping.set)
-    jobs = [svc.serve(), svc.heartbeats(), svc.control_loop(), svc.trim_heap()]
+    jobs = [svc.serve(), svc.heartbeats(), svc.control_loop()]
     if os.environ.get(ENV_HEALTH):
         jobs.append(serve_health(ctx, os.environ[ENV_HEALTH], encoder, svc.health_state, svc.health_detail))
     tasks = [asyncio.create_task(t) for t in jobs]

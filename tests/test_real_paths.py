@@ -18,6 +18,7 @@ import json
 import os
 import signal
 import subprocess
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -160,20 +161,21 @@ def test_compose_cpu_profile_on_a_real_engine(images: None) -> None:
         # the containers it did not start register with the new one (or are restarted and register)
         sessions = len([r for r in metrics() if r["kind"] == "start"])
         supervisor = next(c for c in de.containers(all_states=False) if de.service_of(c) == "supervisor")
+        killed_at = time.time()
         os.kill(supervisor["State"]["Pid"], signal.SIGKILL)
         de.wait_for(lambda: len([r for r in metrics() if r["kind"] == "start"]) > sessions, 300,
                     "a resumed supervisor session")
-        def joined_again() -> set[str]:
-            rows = metrics()
-            last_start = max(i for i, r in enumerate(rows) if r["kind"] == "start")
-            return {str(r.get("service")) for r in rows[last_start:]
-                    if r["kind"] == "event" and r.get("event") == "join"}
+
+        def heard_again() -> set[str]:  # by the new supervisor: the roster it writes, heartbeats after the kill
+            rows = services_json()
+            return {sid for sid, row in rows.items()
+                    if row.get("state") == "running" and (row.get("last_heartbeat") or 0) > killed_at + 1}
         wanted = {"replay", "critic_learner", "actor_learner", "evaluator", "visualizer"}
         try:
-            de.wait_for(lambda: wanted <= joined_again(), 300,
+            de.wait_for(lambda: wanted <= heard_again(), 300,
                         "replay, learners, evaluator and visualizer registered with the resumed supervisor")
         except AssertionError as exc:  # say who is missing and what the roster says of them
-            raise AssertionError(f"{exc}: joined {sorted(joined_again())}; services.json {services_json()}") from None
+            raise AssertionError(f"{exc}: heard {sorted(heard_again())}; services.json {services_json()}") from None
         before = critic_updates()
         de.wait_for(lambda: critic_updates() > before, 300, "updates after the supervisor's restart")
 

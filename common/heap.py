@@ -20,8 +20,8 @@ _malloc_trim: Any = None
 
 def _load() -> Any:
     """malloc_trim among the symbols the process has loaded (the C library's), or None.
-    (Not ctypes.util.find_library: it runs ldconfig in a subprocess, and a fork in a service
-    whose ZeroMQ context runs was seen to lose the messages it sent just before exiting.)"""
+    (Not ctypes.util.find_library: it runs ldconfig in a subprocess, a fork of a process whose
+    ZeroMQ and torch threads run, for a symbol the process has already loaded.)"""
     try:
         return getattr(ctypes.CDLL(None), "malloc_trim", None)
     except OSError:

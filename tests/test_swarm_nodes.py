@@ -143,6 +143,12 @@ def critic_updates() -> int:
     return int(rows[-1].get("updates", 0)) if rows else 0
 
 
+def compiled() -> bool:
+    """Both learners report a finished background compile (their steps no longer run eagerly)."""
+    newest = {r["service"]: r for r in metrics() if r["kind"] == "metrics"}
+    return all("compile_s" in newest.get(role, {}) for role in ("actor_learner", "critic_learner"))
+
+
 def progress() -> list[dict[str, Any]]:
     return [r for r in metrics() if r["kind"] == "progress"]
 
@@ -210,8 +216,9 @@ def test_stack_across_two_nodes_survives_a_drain_and_a_lost_node(two_nodes: dict
                                 f"{STACK}_sampler").stdout.strip()
         assert {n for s, n in placed.items() if s != sampler_service} == {manager}
 
-        # throughput, A-B-A so that the run's drift (compile, learning) cancels: the sampler across
-        # the overlay, then on the manager, then across again
+        # throughput, once the learners' compiled steps are in, and A-B-A so that the run's drift
+        # cancels: the sampler across the overlay, then on the manager, then across again
+        de.wait_for(compiled, 600, "the learners' compiled update steps")
         across = [measure(WINDOW_S)]
         move_sampler("node.role == worker", "node.role == manager", manager)
         local = measure(WINDOW_S)

@@ -113,6 +113,19 @@ def service_of(container: dict[str, Any]) -> str:
     return str(container["Config"]["Labels"]["com.docker.compose.service"])
 
 
+def remove_stack(stack: str) -> None:
+    """`docker stack rm` and wait until its containers, networks and run volume are gone."""
+    sh("docker", "stack", "rm", stack, check=False)
+    label = f"label=com.docker.stack.namespace={stack}"
+    wait_for(lambda: not sh("docker", "ps", "-q", "--filter", label).stdout.strip()
+             and not sh("docker", "network", "ls", "-q", "--filter", f"name={stack}_").stdout.strip(),
+             180, "the stack gone")
+    # the tasks' containers may still hold the volume for a moment after they are gone from `ps`
+    wait_for(lambda: not sh("docker", "volume", "ls", "-q", "--filter", f"name={stack}_runs").stdout.strip()
+             or sh("docker", "volume", "rm", f"{stack}_runs", check=False).returncode == 0, 120,
+             "the run volume removed")
+
+
 def read_volume_file(volume: str, path: str) -> str:
     """A file of one of the project's named volumes ("" when missing)."""
     return engine.volume_file(f"{PROJECT}_{volume}", path)

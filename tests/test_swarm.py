@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from tests import docker_engine as de
-from spreeze.bench.engine import jsonl
+from spreeze.bench.engine import jsonl, volume_file
 from tests.test_real_paths import ledger_senders
 
 WHY_NOT = de.ready()
@@ -64,9 +64,7 @@ def service_name(container: dict[str, Any]) -> str:
 
 
 def run_file(name: str) -> str:
-    done = de.sh("docker", "run", "--rm", "-v", f"{STACK}_runs:/v:ro", "--entrypoint", "cat", de.CPU_IMAGE,
-                 f"/v/{RUN}/{name}", check=False, timeout=120)
-    return done.stdout if done.returncode == 0 else ""
+    return volume_file(f"{STACK}_runs", f"{RUN}/{name}")
 
 
 def metrics() -> list[dict[str, Any]]:
@@ -90,20 +88,10 @@ def rates(rows: list[dict[str, Any]]) -> tuple[float, float]:
     return med([r["sampling_hz"] for r in lines]), med([r["update_frame_rate"] for r in lines])
 
 
-def clean() -> None:
-    de.sh("docker", "stack", "rm", STACK, check=False)
-    de.wait_for(lambda: not stack_containers() and not de.sh(
-        "docker", "network", "ls", "-q", "--filter", f"name={STACK}_").stdout.strip(), 180, "the stack gone")
-    # the tasks' containers may still hold the volume for a moment after they are gone from `ps`
-    de.wait_for(lambda: not de.sh("docker", "volume", "ls", "-q", "--filter", f"name={STACK}_runs").stdout.strip()
-                or de.sh("docker", "volume", "rm", f"{STACK}_runs", check=False).returncode == 0, 120,
-                "the run volume removed")
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
 def test_stack_deploys_trains_scales_and_replaces_a_killed_task(swarm: str) -> None:
-    clean()
+    de.remove_stack(STACK)
     try:
         t0 = time.monotonic()
         de.sh("docker", "stack", "deploy", "--resolve-image", "never", "-c", "docker-stack.yml", STACK,
@@ -134,7 +122,7 @@ def test_stack_deploys_trains_scales_and_replaces_a_killed_task(swarm: str) -> N
             print(f"--- {svc}\n{logs.stdout[-4000:]}{logs.stderr[-2000:]}")
         raise
     finally:
-        clean()
+        de.remove_stack(STACK)
     assert not stack_containers()
     for kind in ("service", "network", "volume"):
         left = de.sh("docker", kind, "ls", "-q", "--filter", f"name={STACK}_").stdout.split()

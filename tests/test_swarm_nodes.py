@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from spreeze.bench.engine import jsonl
+from spreeze.bench.engine import jsonl, volume_file
 from spreeze.common.curve_auth import make_keys
 from tests import docker_engine as de
 from tests.test_real_paths import ledger_senders
@@ -115,8 +115,7 @@ def sampler_nodes() -> list[str]:
 
 
 def run_file(name: str) -> str:
-    return de.sh("docker", "run", "--rm", "-v", f"{STACK}_runs:/v:ro", "--entrypoint", "cat", de.CPU_IMAGE,
-                 f"/v/{RUN}/{name}", check=False, timeout=120).stdout
+    return volume_file(f"{STACK}_runs", f"{RUN}/{name}")
 
 
 def metrics() -> list[dict[str, Any]]:
@@ -176,17 +175,6 @@ def move_sampler(old: str, new: str, node: str) -> None:
     de.wait_for(lambda: sampler_nodes() == [node], 120, f"the only sampler on {node}")
 
 
-def clean() -> None:
-    de.sh("docker", "stack", "rm", STACK, check=False)
-    de.wait_for(lambda: not de.sh("docker", "ps", "-q", "--filter",
-                                  f"label=com.docker.stack.namespace={STACK}").stdout.strip()
-                and not de.sh("docker", "network", "ls", "-q", "--filter", f"name={STACK}_").stdout.strip(),
-                180, "the stack gone")
-    de.wait_for(lambda: not de.sh("docker", "volume", "ls", "-q", "--filter", f"name={STACK}_runs").stdout.strip()
-                or de.sh("docker", "volume", "rm", f"{STACK}_runs", check=False).returncode == 0, 120,
-                "the run volume removed")
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(2700)
 def test_stack_across_two_nodes_survives_a_drain_and_a_lost_node(two_nodes: dict[str, str], tmp_path: Path) -> None:
@@ -197,7 +185,7 @@ def test_stack_across_two_nodes_survives_a_drain_and_a_lost_node(two_nodes: dict
            "SPREEZE_VISUALIZER_PORT": "18082", "SPREEZE_KEYS": KEYS_IN, "SPREEZE_KEYS_HOST": str(keys),
            "SPREEZE_SAMPLER_NODES": "node.role == worker"}
     report: list[str] = []
-    clean()
+    de.remove_stack(STACK)
     try:
         t0 = time.monotonic()
         de.sh("docker", "stack", "deploy", "--resolve-image", "never", "-c", "docker-stack.yml",
@@ -277,6 +265,6 @@ def test_stack_across_two_nodes_survives_a_drain_and_a_lost_node(two_nodes: dict
         print("\n".join(report))
         raise
     finally:
-        clean()
+        de.remove_stack(STACK)
     left = de.sh("docker", "ps", "-aq", "--filter", f"label=com.docker.stack.namespace={STACK}").stdout.strip()
     assert left == ""

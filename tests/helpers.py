@@ -224,6 +224,19 @@ def parts(cfg: Config, seed: int = 1) -> tuple[ActorPart, CriticPart]:
                       torch.device("cpu"), shared=False, seed=seed)
 
 
+def run_split(actor: ActorPart, critic: CriticPart, batches: list[dict[str, Any]], exchange: bool = True) -> None:
+    """The split learners' schedule in one process: a critic step per batch, an actor step every
+    `policy_delay` of them; with `exchange`, the two trade their states around each actor step."""
+    for b in batches:
+        critic.update(b)
+        if critic.updates % actor.policy_delay == 0:
+            if exchange:
+                actor.load_critic(critic.critic_state())
+            actor.update(b)
+            if exchange:
+                critic.load_actor(actor.actor_state(), actor.target_actor_state(), actor.extras())
+
+
 def actor_policy(cfg: Config, part: ActorPart) -> dict[str, Any]:
     """The acting-policy description a learner publishes with `part`'s actor (its config's noise)."""
     from spreeze.common.policy_export import describe_actor

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests import helpers
 from spreeze.common.algorithms.sac import SACConfig
 from spreeze.common.algorithms.base import fused_step
 from spreeze.common.algorithms.build import make_parts
@@ -44,14 +45,6 @@ def make_batches(n: int, size: int = 64, seed: int = 0, done: float = 1.0) -> li
 
 def flat(*modules: torch.nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().flatten() for m in modules for p in m.parameters()])
-
-
-def run_split(actor: SACActorPart, critic: SACCriticPart, batches: list[dict]) -> None:
-    for b in batches:
-        critic.update(b)
-        actor.load_critic(critic.critic_state())
-        actor.update(b)
-        critic.load_actor(actor.actor_state(), actor.target_actor_state(), actor.extras())
 
 
 @pytest.mark.parametrize("field,value", [("tau", 1.5), ("gamma", -0.1), ("actor_lr", 0.0),
@@ -127,7 +120,7 @@ def test_split_with_exchange_every_update_equals_fused_exactly() -> None:
     for b in batches:
         fused_step(fa, fc, b)
     sa, sc = parts(shared=False)
-    run_split(sa, sc, batches)
+    helpers.run_split(sa, sc, batches)
     assert torch.equal(flat(fa.actor), flat(sa.actor))
     assert torch.equal(flat(fc.critic, fc.critic_target), flat(sc.critic, sc.critic_target))
     assert torch.equal(fa.log_alpha, sa.log_alpha) and torch.equal(sc.log_alpha, sa.log_alpha)
@@ -144,16 +137,16 @@ def test_load_actor_accepts_alpha_alone() -> None:
 def test_save_load_round_trip_restores_optimizer_and_rng(shared: bool) -> None:
     batches = make_batches(8, done=0.0)
     a1, c1 = parts(shared=shared)
-    run_split(a1, c1, batches[:5])
+    helpers.run_split(a1, c1, batches[:5])
     buf = io.BytesIO()
     torch.save({"actor": a1.save(), "critic": c1.save()}, buf)
-    run_split(a1, c1, batches[5:])
+    helpers.run_split(a1, c1, batches[5:])
     buf.seek(0)
     saved = torch.load(buf)
     a2, c2 = parts(shared=shared, seed=7)
     a2.load(saved["actor"])
     c2.load(saved["critic"])
-    run_split(a2, c2, batches[5:])
+    helpers.run_split(a2, c2, batches[5:])
     assert torch.equal(flat(a1.actor), flat(a2.actor))
     assert torch.equal(a1.log_alpha, a2.log_alpha)
     assert torch.equal(flat(c1.critic, c1.critic_target), flat(c2.critic, c2.critic_target))

@@ -13,7 +13,6 @@ from torch import nn
 
 from spreeze.common.algorithms.base import fused_step
 from spreeze.common.algorithms.build import make_parts
-from spreeze.common.algorithms.base import ActorPart, CriticPart
 from spreeze.proto.codec import Encoder, decode
 from spreeze.common.numpy_policy import NumpyActor
 from spreeze.common.policy_export import describe_actor
@@ -75,10 +74,10 @@ def test_sparse_weights_round_trip_with_fewer_bytes(algo: str) -> None:
 def test_save_load_restores_the_topology(shared: bool) -> None:
     batches = make_batches(12)
     a1, c1 = parts("td3", shared=shared)
-    run_split(a1, c1, batches[:6])
+    helpers.run_split(a1, c1, batches[:6])
     buf = io.BytesIO()
     torch.save({"actor": a1.save(), "critic": c1.save()}, buf)
-    run_split(a1, c1, batches[6:])
+    helpers.run_split(a1, c1, batches[6:])
     buf.seek(0)
     saved = torch.load(buf)  # weights_only: masks are plain tensors
     a2, c2 = parts("td3", shared=shared, seed=7)
@@ -86,7 +85,7 @@ def test_save_load_restores_the_topology(shared: bool) -> None:
     a2.load(saved["actor"])
     c2.load(saved["critic"])
     assert c2.sparse.adaptations == 3 and a2.sparse.adaptations == 1
-    run_split(a2, c2, batches[6:])
+    helpers.run_split(a2, c2, batches[6:])
     for p1, p2 in ((a1, a2), (c1, c2)):
         assert all(torch.equal(m, n) for m, n in zip(p1.sparse.masks, p2.sparse.masks))
         assert p1.sparse.adaptations == p2.sparse.adaptations
@@ -98,18 +97,6 @@ def flat(*modules: nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().flatten() for m in modules for p in m.parameters()])
 
 
-def run_split(actor: ActorPart, critic: CriticPart, batches: list[dict[str, torch.Tensor]],
-              exchange: bool = True) -> None:
-    for b in batches:
-        critic.update(b)
-        if critic.updates % actor.policy_delay == 0:
-            if exchange:
-                actor.load_critic(critic.critic_state())
-            actor.update(b)
-            if exchange:
-                critic.load_actor(actor.actor_state(), actor.target_actor_state(), actor.extras())
-
-
 @pytest.mark.parametrize("algo,growth", [("td3", "random"), ("td3", "gradient"), ("sac", "random")])
 def test_split_with_exchange_every_update_equals_fused_in_ds_mode(algo: str, growth: str) -> None:
     sp = replace(DS, growth=growth, eta=0.2)
@@ -118,7 +105,7 @@ def test_split_with_exchange_every_update_equals_fused_in_ds_mode(algo: str, gro
     for b in batches:
         fused_step(fa, fc, b)
     sa, sc = parts(algo, sp, shared=False)
-    run_split(sa, sc, batches)
+    helpers.run_split(sa, sc, batches)
     assert fc.sparse.adaptations == 6 and fa.sparse.adaptations == (3 if algo == "td3" else 6)
     for f, s in ((fa, sa), (fc, sc)):
         assert all(torch.equal(m, n) for m, n in zip(f.sparse.masks, s.sparse.masks))

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests import helpers
 from spreeze.common.algorithms.td3 import TD3Config
 from spreeze.common.algorithms.base import fused_step
 from spreeze.common.algorithms.build import make_parts
@@ -129,32 +130,19 @@ def test_actor_update_leaves_critic_untouched() -> None:
     assert all(p.grad is None for p in critic.critic.parameters())
 
 
-def run_split(actor: TD3ActorPart, critic: TD3CriticPart, batches: list[dict],
-              exchange: bool) -> None:
-    for b in batches:
-        critic.update(b)
-        if critic.updates % actor.policy_delay == 0:
-            if exchange:
-                actor.load_critic(critic.critic_state())
-            actor.update(b)
-            if exchange:
-                critic.load_actor(actor.actor_state(), actor.target_actor_state(),
-                                  actor.extras())
-
-
 def test_split_with_exchange_every_update_equals_fused_exactly() -> None:
     batches = make_batches(12, done=0.0)
     fa, fc = parts(shared=True)
     for b in batches:
         fused_step(fa, fc, b)
     sa, sc = parts(shared=False)
-    run_split(sa, sc, batches, exchange=True)
+    helpers.run_split(sa, sc, batches, exchange=True)
     for f, s in [(fa.actor, sa.actor), (fa.actor_target, sa.actor_target),
                  (fc.critic, sc.critic), (fc.critic_target, sc.critic_target)]:
         assert torch.equal(flat(f), flat(s))
     # and without the exchange the split pair diverges (the test can fail)
     na, nc = parts(shared=False)
-    run_split(na, nc, batches, exchange=False)
+    helpers.run_split(na, nc, batches, exchange=False)
     assert not torch.equal(flat(fa.actor), flat(na.actor))
 
 
@@ -182,17 +170,17 @@ def test_state_is_a_float32_copy_and_load_checks_shapes() -> None:
 def test_save_load_round_trip_restores_optimizer_and_rng(shared: bool) -> None:
     batches = make_batches(10, done=0.0)
     a1, c1 = parts(shared=shared)
-    run_split(a1, c1, batches[:6], exchange=True)
+    helpers.run_split(a1, c1, batches[:6], exchange=True)
     buf = io.BytesIO()
     torch.save({"actor": a1.save(), "critic": c1.save()}, buf)
-    run_split(a1, c1, batches[6:], exchange=True)
+    helpers.run_split(a1, c1, batches[6:], exchange=True)
     buf.seek(0)
     saved = torch.load(buf)  # weights_only: checkpoints hold no pickled objects
     a2, c2 = parts(shared=shared, seed=123)
     a2.load(saved["actor"])
     c2.load(saved["critic"])
     assert (a2.updates, c2.updates) == (3, 6)
-    run_split(a2, c2, batches[6:], exchange=True)
+    helpers.run_split(a2, c2, batches[6:], exchange=True)
     assert torch.equal(flat(a1.actor, a1.actor_target), flat(a2.actor, a2.actor_target))
     assert torch.equal(flat(c1.critic, c1.critic_target), flat(c2.critic, c2.critic_target))
 

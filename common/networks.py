@@ -248,19 +248,37 @@ class BatchRenorm(nn.Module):
         self.register_buffer("steps", torch.zeros(1))  # 1-D: states travel as arrays of at least one dimension
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.training:
-            return (x - self.running_mean) * torch.rsqrt(self.running_var + RENORM_EPS) * self.weight + self.bias
-        mean, var = x.mean(0), x.var(0, unbiased=False)
-        std = (var + RENORM_EPS).sqrt()
-        with torch.no_grad():
-            run_std = (self.running_var + RENORM_EPS).sqrt()
-            on = (self.steps >= self.warmup).to(x.dtype)  # 0 during the warm-up: plain batch norm
-            r = 1.0 + on * ((std / run_std).clamp(1.0 / self.r_max, self.r_max) - 1.0)
-            d = on * ((mean - self.running_mean) / run_std).clamp(-self.d_max, self.d_max)
-            self.running_mean.lerp_(mean, self.momentum)
-            self.running_var.lerp_(var, self.momentum)
-            self.steps.add_(1.0)
-        return ((x - mean) / std * r + d) * self.weight + self.bias
+        y, mean, var = batch_renorm(x, self.weight, self.bias, self.running_mean, self.running_var, self.steps,
+                                    self, self.training)
+        if mean is not None and var is not None:
+            with torch.no_grad():
+                self.running_mean.lerp_(mean, self.momentum)
+                self.running_var.lerp_(var, self.momentum)
+                self.steps.add_(1.0)
+        return y
+
+
+def batch_renorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, running_mean: torch.Tensor,
+                 running_var: torch.Tensor, steps: torch.Tensor, spec: BatchRenorm,
+                 training: bool) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """:class:`BatchRenorm`'s formula, without side effects: (output, batch mean, batch variance)
+    of ``x`` [..., B, dim] over its rows; the statistics are ``None`` in eval mode and carry no
+    gradient. Leading dimensions stack independent layers (the twin critics: [2, B, dim], with
+    parameters and buffers [2, dim] and steps [2, 1]); the caller moves the running statistics
+    toward the returned ones by ``spec.momentum`` and counts the step.
+    """
+    if not training:
+        scale = torch.rsqrt(running_var + RENORM_EPS) * weight
+        return (x - running_mean.unsqueeze(-2)) * scale.unsqueeze(-2) + bias.unsqueeze(-2), None, None
+    mean, var = x.mean(-2), x.var(-2, unbiased=False)
+    std = (var + RENORM_EPS).sqrt()
+    with torch.no_grad():
+        run_std = (running_var + RENORM_EPS).sqrt()
+        on = (steps >= spec.warmup).to(x.dtype)  # 0 during the warm-up: plain batch norm
+        r = 1.0 + on * ((std / run_std).clamp(1.0 / spec.r_max, spec.r_max) - 1.0)
+        d = on * ((mean - running_mean) / run_std).clamp(-spec.d_max, spec.d_max)
+    y = ((x - mean.unsqueeze(-2)) / std.unsqueeze(-2) * r.unsqueeze(-2) + d.unsqueeze(-2)) * weight.unsqueeze(-2)
+    return y + bias.unsqueeze(-2), mean.detach(), var.detach()
 
 
 def renorm_mlp(in_dim: int, hidden: Sequence[int], renorm: Callable[[int], nn.Module]) -> nn.Sequential:
@@ -285,3 +303,54 @@ class RenormTwinCritic(nn.Module):
     def forward(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         x = torch.cat([obs, action], dim=-1)
         return torch.stack([self.qf1(x).squeeze(-1), self.qf2(x).squeeze(-1)])
+
+
+RenormStats = list[tuple[torch.Tensor, torch.Tensor]]  # per renorm layer: the twins' batch (mean, var) [2, dim]
+
+
+def renorm_twin_q(params: Sequence[torch.Tensor], buffers: Sequence[torch.Tensor], obs: torch.Tensor,
+                  action: torch.Tensor, spec: BatchRenorm, training: bool) -> tuple[torch.Tensor, RenormStats]:
+    """Both critics of a :class:`RenormTwinCritic` as one batched network, without side
+    effects: (Q1, Q2 [2, B], the batch statistics of each renorm layer for
+    :func:`move_renorm_stats`; empty in eval mode).
+
+    ``params`` / ``buffers``: the critic's ``parameters()`` / ``buffers()`` in order (qf1's,
+    then qf2's); ``spec``: one of its renorm layers (they share their settings). Each layer's
+    two weight matrices are stacked and applied with one batched matmul, as :func:`twin_q`.
+    """
+    half, bhalf = len(params) // 2, len(buffers) // 2
+    stats: RenormStats = []
+
+    def pair(seq: Sequence[torch.Tensor], i: int, at: int) -> torch.Tensor:
+        return torch.stack([seq[i], seq[at + i]])
+
+    def norm(h: torch.Tensor, layer: int, p: int) -> torch.Tensor:
+        b = 3 * layer  # running_mean, running_var, steps per renorm layer
+        y, mean, var = batch_renorm(h, pair(params, p, half), pair(params, p + 1, half), pair(buffers, b, bhalf),
+                                    pair(buffers, b + 1, bhalf), pair(buffers, b + 2, bhalf), spec, training)
+        if mean is not None and var is not None:
+            stats.append((mean, var))
+        return y
+
+    x = torch.cat([obs, action], dim=-1)
+    h = norm(x.unsqueeze(0).expand(2, *x.shape), 0, 0)
+    for i in range((half - 4) // 4):  # per hidden layer: Linear (weight, bias), renorm (weight, bias)
+        p = 2 + 4 * i
+        h = torch.baddbmm(pair(params, p + 1, half).unsqueeze(1), h, pair(params, p, half).transpose(1, 2))
+        h = torch.relu(norm(h, i + 1, p + 2))
+    h = torch.baddbmm(pair(params, half - 1, half).unsqueeze(1), h, pair(params, half - 2, half).transpose(1, 2))
+    return h.squeeze(-1), stats
+
+
+def move_renorm_stats(buffers: Sequence[torch.Tensor], stats: RenormStats, momentum: float) -> None:
+    """After a train-mode :func:`renorm_twin_q`: each renorm layer's running statistics move
+    toward the batch's by ``momentum`` and its step count grows by one, as the module's
+    forward does; in place."""
+    bhalf = len(buffers) // 2
+    with torch.no_grad():
+        for layer, (mean, var) in enumerate(stats):
+            for twin in (0, 1):
+                b = twin * bhalf + 3 * layer
+                buffers[b].lerp_(mean[twin], momentum)
+                buffers[b + 1].lerp_(var[twin], momentum)
+                buffers[b + 2].add_(1.0)

@@ -1,5 +1,6 @@
 """CrossQ (common/algorithms/crossq.py): its renorm layer, its joint-forward critic update
-without targets, split == fused, checkpoints, sparse critics, and a real run."""
+without targets, the compiled steps against the eager update, split == fused, checkpoints,
+sparse critics, and a real run."""
 
 from __future__ import annotations
 
@@ -13,10 +14,12 @@ import torch
 import spreeze
 from spreeze.common.algorithms.base import CheckpointMismatch, fused_step
 from spreeze.common.algorithms.build import make_parts
+from spreeze.common.algorithms.compiled import CompileOptions, use_compile_cache
 from spreeze.common.config import load_config
 from spreeze.common.errors import ConfigError
-from spreeze.common.networks import BatchRenorm
+from spreeze.common.networks import BatchRenorm, RenormTwinCritic, move_renorm_stats, renorm_twin_q
 from spreeze.common.sparse_config import SparseConfig
+from tests.helpers import needs_cxx
 
 OBS, ACT = 5, 2
 LOW, HIGH = -2.0 * np.ones(ACT, np.float32), 2.0 * np.ones(ACT, np.float32)
@@ -53,6 +56,59 @@ def test_batch_renorm_is_batch_norm_in_warm_up_then_corrects_toward_the_running_
     assert torch.equal(layer.running_mean, before)  # eval mode changes nothing
 
 
+def test_the_batched_twin_forward_is_the_modules_forward_and_moves_the_same_statistics() -> None:
+    torch.manual_seed(0)
+    module = RenormTwinCritic(OBS, ACT, (8, 8), lambda d: BatchRenorm(d, 0.1, 2, 3.0, 5.0))
+    params, buffers = [p.detach().clone() for p in module.parameters()], [b.clone() for b in module.buffers()]
+    spec = next(m for m in module.modules() if isinstance(m, BatchRenorm))
+    for seed in range(4):  # two warm-up steps of plain batch norm, then renorm's corrections
+        b = batch(seed)
+        q, stats = renorm_twin_q(params, buffers, b["obs"], b["action"], spec, True)
+        torch.testing.assert_close(q, module(b["obs"], b["action"]).detach())
+        assert len(stats) == 3  # the input and both hidden layers
+        move_renorm_stats(buffers, stats, spec.momentum)
+    for mine, its in zip(buffers, module.buffers()):
+        torch.testing.assert_close(mine, its)
+    module.eval()
+    q, stats = renorm_twin_q(params, buffers, b["obs"], b["action"], spec, False)
+    torch.testing.assert_close(q, module(b["obs"], b["action"]).detach())
+    assert stats == []
+
+
+@needs_cxx
+@pytest.mark.parametrize("flavour", ["sac", pytest.param("td3", marks=pytest.mark.slow)])
+def test_the_compiled_steps_agree_with_the_eager_update(flavour: str, tmp_path: Path) -> None:
+    """The compiled steps train the same networks as the eager update: the same metrics, the
+    same Q-values and actions, the same running statistics, one graph each. Parameters are
+    compared by what they compute: a Linear bias in front of a batch norm gets a gradient of
+    rounding noise only, which Adam turns into lr-sized steps of any sign."""
+    use_compile_cache(tmp_path / "compile-cache")
+    torch._dynamo.reset()
+    cfg = config(flavour)
+    eager = make_parts("crossq", OBS, ACT, LOW, HIGH, cfg, torch.device("cpu"), True, 3)
+    fast = make_parts("crossq", OBS, ACT, LOW, HIGH, cfg, torch.device("cpu"), True, 3)
+    for part in fast:
+        part.compile(CompileOptions())
+    for i in range(12):  # past the renorm warm-up of 3 critic updates
+        m_eager, m_fast = fused_step(*eager, batch(i % 4)), fused_step(*fast, batch(i % 4))
+        assert m_fast.keys() == m_eager.keys()
+        for k in m_eager:
+            assert m_fast[k] == pytest.approx(m_eager[k], rel=1e-2, abs=1e-3), (i, k)
+    assert [p.fast.step.compiles for p in fast] == [1, 1]
+    assert [p.updates for p in fast] == [p.updates for p in eager] == [4, 12]
+    probe = batch(99)
+    for e, f in ((eager[1].critic, fast[1].critic), (eager[0].actor, fast[0].actor)):
+        e.eval(), f.eval()
+    with torch.no_grad():
+        q_eager, q_fast = eager[1].critic(probe["obs"], probe["action"]), fast[1].critic(probe["obs"], probe["action"])
+        torch.testing.assert_close(q_fast, q_eager, rtol=2e-2, atol=2e-2)
+        act = (lambda a, o: a(o, eps=torch.zeros(len(o), ACT))[0]) if flavour == "sac" else (lambda a, o: a(o))
+        torch.testing.assert_close(act(fast[0].actor, probe["obs"]), act(eager[0].actor, probe["obs"]),
+                                   rtol=2e-2, atol=2e-2)
+    for (name, b_eager), b_fast in zip(eager[1].critic.named_buffers(), fast[1].critic.buffers()):
+        torch.testing.assert_close(b_fast, b_eager, rtol=2e-2, atol=2e-2, msg=lambda m, n=name: f"{n}: {m}")
+
+
 @pytest.mark.parametrize("flavour", FLAVOURS)
 def test_the_critic_regresses_on_its_own_joint_forward_without_target_networks(flavour: str) -> None:
     cfg = config(flavour)
@@ -64,7 +120,7 @@ def test_the_critic_regresses_on_its_own_joint_forward_without_target_networks(f
     state = {k: v.clone() for k, v in critic.critic.state_dict().items()}
     rng = critic.generator.get_state()  # the update draws the same noise as the hand computation
     with torch.no_grad():
-        next_action, entropy = critic.next_value(b["next_obs"])
+        next_action, entropy = critic.next_value(b["next_obs"], critic.noise(len(b["next_obs"]), torch.device("cpu")))
         both = critic.critic(torch.cat([b["obs"], b["next_obs"]]), torch.cat([b["action"], next_action]))
         n = b["obs"].shape[0]
         y = b["reward"] + cfg.gamma * (1 - b["done"]) * (torch.minimum(both[0, n:], both[1, n:]) - entropy)

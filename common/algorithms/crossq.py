@@ -10,6 +10,11 @@ Paper settings: Adam beta1 = 0.5, learning rates 1e-3, policy delay 3, one updat
 step, 2048-wide critics and 256-wide actor; the critic width here defaults to 512 (a CPU
 updates 2048-wide twin critics ~12x slower), and a GPU plan may pick wider.
 
+Compiled steps (common/algorithms/steps.py): the critic step runs the twins as one batched
+network written without side effects (``networks.renorm_twin_q``): the loss returns the
+renorm layers' batch statistics and the step moves the running ones after Adam, which is
+what the modules' train-mode forward does in the eager update.
+
 Two flavours from one file (``crossq.flavour``): ``sac`` (the paper's: tanh-Gaussian actor,
 entropy temperature auto-tuned as SAC) and ``td3`` (deterministic actor, Gaussian
 exploration in the samplers, target policy smoothing on a', actor on Q1), each with its DS
@@ -37,16 +42,16 @@ if TYPE_CHECKING:
     from torch import nn
 
     from spreeze.common import networks
-    from spreeze.common.algorithms import base, build as builder, sac
+    from spreeze.common.algorithms import base, build as builder, sac, steps
     from spreeze.common.algorithms.base import Batch, CompiledUpdate, Named, State
     from spreeze.common.algorithms.build import Sparsifier
     from spreeze.common.algorithms.compiled import CompileOptions
-    from spreeze.common.networks import RenormTwinCritic
+    from spreeze.common.networks import BatchRenorm, RenormStats, RenormTwinCritic
     from spreeze.common.sparse import SparseTopology
 else:
     torch, nn, base = lazy("torch"), lazy("torch.nn"), lazy("spreeze.common.algorithms.base")
     builder, sac = lazy("spreeze.common.algorithms.build"), lazy("spreeze.common.algorithms.sac")
-    networks = lazy("spreeze.common.networks")
+    networks, steps = lazy("spreeze.common.networks"), lazy("spreeze.common.algorithms.steps")
 
 FLAVOURS = ("sac", "td3")
 
@@ -116,6 +121,21 @@ def adam(params: list[torch.Tensor], lr: float, cfg: CrossQConfig) -> torch.opti
     return torch.optim.Adam(params, lr=lr, betas=(cfg.beta1, 0.999), fused=True)
 
 
+def renorm_spec(critic: RenormTwinCritic) -> BatchRenorm:
+    """One of the critic's renorm layers: they share momentum, warm-up and bounds."""
+    return next(m for m in critic.modules() if isinstance(m, networks.BatchRenorm))
+
+
+def joint_td_loss(both: torch.Tensor, n: int, entropy: torch.Tensor, reward: torch.Tensor, done: torch.Tensor,
+                  gamma: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss, mean Q1) from the joint forward ``both`` [2, 2n]: its first n columns are Q(s, a),
+    the last n, without gradient, give the target r + gamma (1 - done) (min Q(s', a') - entropy)."""
+    q, next_q = both[:, :n], both[:, n:].detach()
+    v = torch.minimum(next_q[0], next_q[1]) - entropy
+    y = torch.addcmul(reward, 1.0 - done, v, value=gamma)
+    return (q - y).square().mean(1).sum(), q[0].mean()
+
+
 class CrossQActorPart(Checkpointed):
     """The actor (+ temperature, sac flavour) and (a copy of, unless shared) the critics."""
 
@@ -131,17 +151,50 @@ class CrossQActorPart(Checkpointed):
         self.target_entropy = -float(act_dim) if cfg.target_entropy is None else cfg.target_entropy
         self.policy_delay = cfg.policy_delay
         self.updates = 0
-        self.fast: CompiledUpdate | None = None  # no compiled step yet: it updates eagerly
+        self.fast: CompiledUpdate | None = None  # the compiled step, once compile() ran
+        self.target = None  # no target actor (the compiled step asks)
         self.params = base.params(actor)
         self.opt = adam(self.params, cfg.actor_lr, cfg)
         self.alpha_opt = adam([log_alpha], cfg.alpha_lr, cfg) if self.stochastic and cfg.autotune else None
 
     def compile(self, options: CompileOptions) -> None:
-        """No compiled step: the eager update always."""
+        """From now on update with the compiled step (common/algorithms/steps.py): the actor's
+        loss reads the critics through ``networks.renorm_twin_q`` in eval mode."""
+        if not options.enabled:
+            return
+        actor, names = self.actor, [n for n, _ in self.actor.named_parameters()]
+        critic, buffers = list(self.critic.parameters()), list(self.critic.buffers())
+        spec, device = renorm_spec(self.critic), self.params[0].device
+
+        def read(obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+            return networks.renorm_twin_q([p.detach() for p in critic], buffers, obs, action, spec, False)[0]
+
+        if self.stochastic:
+            def loss(params: list[torch.Tensor], obs: torch.Tensor, eps: torch.Tensor,
+                     alpha: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                action, logp = torch.func.functional_call(actor, dict(zip(names, params)), (obs,), {"eps": eps})
+                q = read(obs, action)
+                return (alpha * logp - torch.minimum(q[0], q[1])).mean(), logp
+
+            target_entropy = self.target_entropy
+
+            def temperature(log_alpha: torch.Tensor, logp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                return sac.temperature_loss(log_alpha, logp, target_entropy)
+
+            self.fast = steps.SACActorStep(self, loss, temperature, options, device)
+            return
+
+        def deterministic_loss(params: list[torch.Tensor], obs: torch.Tensor) -> torch.Tensor:
+            action = torch.func.functional_call(actor, dict(zip(names, params)), (obs,))
+            return -read(obs, action)[0].mean()
+
+        self.fast = steps.ActorStep(self, deterministic_loss, options, device)
 
     def update(self, batch: Batch, want_metrics: bool = True) -> dict[str, float]:
         """One actor step (sac: E[alpha log pi - min Q]; td3: -Q1(s, pi(s))) on the critics in
         eval mode, then (sac, autotune) one temperature step."""
+        if self.fast is not None:
+            return self.fast.update(batch, want_metrics)
         obs = batch["obs"]
         metrics: list[tuple[str, torch.Tensor]] = []
         if self.stochastic:
@@ -208,17 +261,35 @@ class CrossQCriticPart(Checkpointed):
         self.stochastic = cfg.flavour == "sac"
         self.act_dim, self.scale, self.low, self.high = act_dim, scale, low, high
         self.updates = 0
-        self.fast: CompiledUpdate | None = None
+        self.fast: CompiledUpdate | None = None  # the compiled step, once compile() ran
         self.params = base.params(critic)
         self.opt = adam(self.params, cfg.critic_lr, cfg)
 
     def compile(self, options: CompileOptions) -> None:
-        """No compiled step: the eager update always."""
+        """From now on update with the compiled step (common/algorithms/steps.py): the joint
+        forward through ``networks.renorm_twin_q``, the running statistics moved after Adam."""
+        if not options.enabled:
+            return
+        buffers, spec, gamma = list(self.critic.buffers()), renorm_spec(self.critic), self.cfg.gamma
 
-    def next_value(self, next_obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(a', the entropy term to subtract from min Q(s', a')): sac: a' ~ pi and alpha log pi;
-        td3: pi(s') with clipped smoothing noise, and 0."""
-        noise = torch.randn((next_obs.shape[0], self.act_dim), generator=self.generator, device=next_obs.device)
+        def loss(params: list[torch.Tensor], batch: dict[str, torch.Tensor], next_action: torch.Tensor,
+                 entropy: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, RenormStats]]:
+            obs = batch["obs"]
+            both, stats = networks.renorm_twin_q(params, buffers, torch.cat([obs, batch["next_obs"]]),
+                                                 torch.cat([batch["action"], next_action]), spec, True)
+            value, q_mean = joint_td_loss(both, obs.shape[0], entropy, batch["reward"], batch["done"], gamma)
+            return value, (q_mean, stats)
+
+        self.fast = steps.JointCriticStep(self, self.next_value, loss, buffers, spec.momentum, options,
+                                          self.params[0].device)
+
+    def noise(self, rows: int, device: torch.device) -> torch.Tensor:
+        """A standard normal draw [rows, act_dim] from the part's RNG (what the compiled step draws)."""
+        return torch.randn((rows, self.act_dim), generator=self.generator, device=device)
+
+    def next_value(self, next_obs: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(a', the entropy term to subtract from min Q(s', a')) for standard normal ``noise``:
+        sac: a' ~ pi and alpha log pi; td3: pi(s') with clipped smoothing noise, and 0."""
         if self.stochastic:
             action, logp = self.actor(next_obs, eps=noise)
             return action, self.log_alpha.detach().exp() * logp
@@ -229,14 +300,13 @@ class CrossQCriticPart(Checkpointed):
     def update(self, batch: Batch, want_metrics: bool = True) -> dict[str, float]:
         """One critic step: (s, a) and (s', a') through one train-mode forward; the (s', a')
         half, without gradient, gives the target r + gamma (1 - done) (min Q' - entropy term)."""
-        obs, n = batch["obs"], batch["obs"].shape[0]
+        if self.fast is not None:
+            return self.fast.update(batch, want_metrics)
+        obs, next_obs = batch["obs"], batch["next_obs"]
         with torch.no_grad():
-            next_action, entropy = self.next_value(batch["next_obs"])
-        both = self.critic(torch.cat([obs, batch["next_obs"]]), torch.cat([batch["action"], next_action]))
-        q, next_q = both[:, :n], both[:, n:].detach()
-        v = torch.minimum(next_q[0], next_q[1]) - entropy
-        y = torch.addcmul(batch["reward"], 1.0 - batch["done"], v, value=self.cfg.gamma)
-        loss = (q - y).square().mean(1).sum()
+            next_action, entropy = self.next_value(next_obs, self.noise(next_obs.shape[0], next_obs.device))
+        both = self.critic(torch.cat([obs, next_obs]), torch.cat([batch["action"], next_action]))
+        loss, q_mean = joint_td_loss(both, obs.shape[0], entropy, batch["reward"], batch["done"], self.cfg.gamma)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         self.opt.step()
@@ -244,7 +314,7 @@ class CrossQCriticPart(Checkpointed):
         base.sparse_step(self.sparse, self.opt, self.updates)
         if not want_metrics:
             return {}
-        return base.with_sparse(base.scalars([("critic_loss", loss), ("q_mean", q[0].mean())]), self.sparse)
+        return base.with_sparse(base.scalars([("critic_loss", loss), ("q_mean", q_mean)]), self.sparse)
 
     def critic_state(self) -> State:
         return base.module_state(self.critic)

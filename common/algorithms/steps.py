@@ -1,6 +1,6 @@
 """Compiled steps: an algorithm's update, from the functions its module writes once.
 
-The algorithm (common/algorithms/td3.py, sac.py) writes its TD target and its losses as
+The algorithm (common/algorithms/td3.py, sac.py, crossq.py) writes its TD target and its losses as
 functions of (parameters, batch, noise); its eager ``update`` calls them with autograd and
 torch's Adam, and the steps here call the same functions inside one compiled function
 (machinery: common/algorithms/compiled.py):
@@ -28,6 +28,7 @@ from torch.func import grad_and_value
 
 from spreeze.common.algorithms.base import Batch, Target, polyak, scalars, sparse_prune, twin_loss, with_sparse
 from spreeze.common.algorithms.compiled import AdamState, CompiledStep, CompileOptions, Trained
+from spreeze.common.networks import RenormStats, move_renorm_stats
 from spreeze.common.sparse import SparseTopology
 
 BATCH_KEYS = ("obs", "action", "reward", "next_obs", "done")
@@ -36,6 +37,9 @@ TargetFn = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]  # (next_obs, rewa
 ActorLoss = Callable[[list[Tensor], Tensor], Tensor]  # (actor params, obs) -> loss
 StochasticLoss = Callable[[list[Tensor], Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]  # (params, obs, eps, alpha) -> (loss, logp)
 TemperatureFn = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]  # (log_alpha, logp) -> (loss, d loss / d log_alpha)
+NextValue = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]  # (next_obs, noise) -> (a', entropy term)
+JointLoss = Callable[[list[Tensor], dict[str, Tensor], Tensor, Tensor],
+                     tuple[Tensor, tuple[Tensor, RenormStats]]]  # (params, batch, a', entropy) -> (loss, (q_mean, stats))
 
 
 class Trainee(Protocol):
@@ -73,12 +77,10 @@ class TwinCriticPart(Noisy, Protocol):
 
 
 class TargetedActor(Trainee, Protocol):
-    """A deterministic actor part with a target actor, as its compiled step sees it."""
+    """A deterministic actor part, with or without a target actor, as its compiled step sees it."""
 
     @property
-    def cfg(self) -> Hyper: ...
-    @property
-    def target(self) -> Target[Any]: ...
+    def target(self) -> Target[Any] | None: ...
 
 
 class SACActor(Noisy, Protocol):
@@ -187,11 +189,14 @@ class CriticStep(FastUpdate):
 
 
 class ActorStep(FastUpdate):
-    """A deterministic actor's update: its loss (``loss(params, obs)``), Adam, Polyak of its target."""
+    """A deterministic actor's update: its loss (``loss(params, obs)``), Adam, Polyak of its
+    target (an actor without a target, as CrossQ's: none)."""
 
     def __init__(self, part: TargetedActor, loss: ActorLoss, options: CompileOptions, device: torch.device) -> None:
-        super().__init__(part, part.cfg.tau, device)
-        t = self.trained = Trained(part.params, part.opt, part.target.params, part.sparse)
+        target = part.target
+        super().__init__(part, target.tau if target is not None else 0.0, device)
+        self.polyak = target is not None
+        t = self.trained = Trained(part.params, part.opt, target.params if target is not None else (), part.sparse)
 
         def step(obs: torch.Tensor, tau: torch.Tensor) -> tuple[torch.Tensor, ...]:
             grads, value = grad_and_value(loss)(t.inputs(), obs)
@@ -205,7 +210,7 @@ class ActorStep(FastUpdate):
         return [batch["obs"], self.tau_on if with_polyak else self.tau_off]
 
     def update(self, batch: Batch, want_metrics: bool) -> dict[str, float]:
-        (loss,) = self.run(batch, self.part.updates + 1, True)
+        (loss,) = self.run(batch, self.part.updates + 1, self.polyak)
         self.part.updates += 1
         return with_sparse(scalars([("actor_loss", loss)]), self.part.sparse) if want_metrics else {}
 
@@ -257,3 +262,47 @@ class SACActorStep(FastUpdate):
             return {}
         names = ("actor_loss", "alpha", "entropy", "alpha_loss")
         return with_sparse(scalars(list(zip(names, out))), self.part.sparse)
+
+
+class JointCriticStep(FastUpdate):
+    """A critic without target networks whose normalisation layers keep running statistics
+    (CrossQ): a' and the entropy term from ``next_value(next_obs, noise)``, then
+    ``loss(params, batch, a', entropy) -> (loss, (q_mean, batch statistics))``, Adam, and the
+    running statistics (``buffers``) move by ``momentum`` (networks.move_renorm_stats)."""
+
+    def __init__(self, part: Noisy, next_value: NextValue, loss: JointLoss, buffers: list[torch.Tensor],
+                 momentum: float, options: CompileOptions, device: torch.device) -> None:
+        super().__init__(part, 0.0, device)
+        self.noisy = part
+        t = self.trained = Trained(part.params, part.opt, (), part.sparse)
+
+        def step(obs: torch.Tensor, action: torch.Tensor, reward: torch.Tensor, next_obs: torch.Tensor,
+                 done: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            batch = {"obs": obs, "action": action, "reward": reward, "next_obs": next_obs, "done": done}
+            with torch.no_grad():
+                next_action, entropy = next_value(next_obs, noise)
+
+            def loss_fn(ps: list[torch.Tensor]) -> tuple[torch.Tensor, tuple[torch.Tensor, RenormStats]]:
+                return loss(ps, batch, next_action, entropy)
+
+            grads, (value, (q_mean, stats)) = grad_and_value(loss_fn, has_aux=True)(t.inputs())
+            with torch.no_grad():
+                t.apply_(grads, None)
+                move_renorm_stats(buffers, stats, momentum)
+            return value.detach(), q_mean.detach()
+
+        self.step = CompiledStep(step, [*t.mutated(), *buffers], device, options)
+
+    def inputs(self, batch: Batch, with_polyak: bool) -> list[torch.Tensor]:
+        return [*(batch[k] for k in BATCH_KEYS), _noise(self.noisy, batch)]
+
+    def _dummy_inputs(self, batch: Batch) -> list[torch.Tensor]:
+        return [*(batch[k] for k in BATCH_KEYS), torch.randn_like(batch["action"])]
+
+    def update(self, batch: Batch, want_metrics: bool) -> dict[str, float]:
+        n = self.part.updates + 1
+        loss, q_mean = self.run(batch, n, False)
+        self.part.updates = n
+        if not want_metrics:
+            return {}
+        return with_sparse(scalars([("critic_loss", loss), ("q_mean", q_mean)]), self.part.sparse)

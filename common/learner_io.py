@@ -129,11 +129,17 @@ class BatchStream:
                 continue  # the rest of a reply asked for at another batch size
             if len(rows) > self.batch_size:
                 self.ready.appendleft(rows[self.batch_size:])
-            batch: Batch = self.layout.columns(rows[:self.batch_size])  # type: ignore[assignment]
-            if self.normalizer is not None:
-                batch["obs"], batch["next_obs"] = self.normalizer(batch["obs"]), self.normalizer(batch["next_obs"])
-            return batch
+            return self.columns(rows[:self.batch_size])
         return None
+
+    def columns(self, rows: torch.Tensor) -> Batch:
+        """Transition rows [n, width] as the columns a batch holds (observations normalised
+        where the learner normalises them): what a compiled step is warmed up on, too, so
+        it is traced for the strides the real batches have."""
+        batch: Batch = self.layout.columns(rows)  # type: ignore[assignment]
+        if self.normalizer is not None:
+            batch["obs"], batch["next_obs"] = self.normalizer(batch["obs"]), self.normalizer(batch["next_obs"])
+        return batch
 
     def to_rows(self, msg: SampledBatch) -> torch.Tensor | None:
         m = torch.from_numpy(msg.transitions)

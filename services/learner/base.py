@@ -167,7 +167,7 @@ class LearnerBase(Service):
         lc = self.cfg.learner
         options = CompileOptions(lc.compile, lc.cuda_graphs)
         shadows = self.fresh_parts()  # built here: seeding them touches the global RNG
-        dummy = self.layout.columns(torch.randn((batch_size, self.layout.width), device=self.device))
+        dummy = self.batches.columns(torch.randn((batch_size, self.layout.width), device=self.device))
 
         def work() -> float:
             for part in shadows:

@@ -74,7 +74,9 @@ def test_a_run_normalises_and_its_actor_carries_the_statistics(tmp_path: Path) -
     assert first == {"op": "obs_norm", "mean": "obs_norm.mean", "var": "obs_norm.var", "eps": OBS_NORM_EPS,
                      "clip": OBS_NORM_CLIP}
     mean, var = best["actor"]["obs_norm.mean"].numpy(), best["actor"]["obs_norm.var"].numpy()
-    assert mean.shape == (3,) and 0.05 < var[0] < 1.0 and var[2] > 1.0  # cos(theta) and the angular velocity
+    # cos(theta) lies in [-1, 1] (how much it varies depends on how well the policy balances; the
+    # initial variance is 1) and the angular velocity varies more than 1
+    assert mean.shape == (3,) and 0.0 < var[0] < 1.0 and var[2] > 1.0
 
     buffer = ReplayBuffer(run.config.replay.capacity, 3, 1, seed=0)
     meta = load_latest(run.run_dir / "replay", buffer, np.zeros(run.config.replay.capacity, np.uint16))

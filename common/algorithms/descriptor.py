@@ -18,6 +18,11 @@ if TYPE_CHECKING:
     from spreeze.common.algorithms.base import ActorPart, CriticPart
 
 
+def no_choices(cfg: Any, on_gpu: bool) -> list[tuple[str, Any, str]]:
+    """An algorithm whose defaults suit every device: the plan sets nothing in its section."""
+    return []
+
+
 @dataclass(frozen=True)
 class Algorithm:
     """One algorithm, as the rest of the system sees it."""
@@ -28,6 +33,9 @@ class Algorithm:
     policy_delay: Callable[[Any], int]  # critic updates per actor update, from its config
     exploration_noise: Callable[[Any], float]  # Gaussian action noise (half action ranges) the learner writes into the acting policy
     actor_nets: tuple[str, ...]  # actor networks the critic part needs (weights message names), in load order
+    # device_choices(config, on_gpu): (field, value, reason) the start plan sets in the algorithm's
+    # section for the learners' device (a field the user set is kept); e.g. narrower networks on CPU
+    device_choices: Callable[[Any, bool], list[tuple[str, Any, str]]] = no_choices
 
     def samples_per_update(self, cfg: Any, fused: bool) -> float:
         """Batches replay serves per critic update: the fused learner reuses one batch for both

@@ -175,6 +175,7 @@ def plan(hw: Hardware, cfg: Config, pinned: frozenset[str], row_bytes: int, task
         choices += [Choice("learner.mode", mode, why), Choice("learner.actor_device", actor_dev, why),
                     Choice("learner.critic_device", critic_dev, why)]
     on_gpu = actor_dev != "cpu" or (mode == "split" and critic_dev != "cpu")
+    choices += algorithm_choices(cfg, pinned, on_gpu)
     learner_procs = 1 if mode == "fused" else 2
     threads = cfg.learner.threads
     if "learner.threads" not in pinned:
@@ -249,6 +250,14 @@ def warmup_choices(task: Task, cfg: Config, pinned: frozenset[str]) -> list[Choi
     why = (f"{task.env_id} ends episodes when the agent falls: {steps:,} random steps (random actions fall "
            "within a few dozen steps; longer random warm-ups learned less)")
     return [Choice("sampler.warmup_steps", steps, why), Choice("replay.min_size", min(cfg.replay.min_size, steps), why)]
+
+
+def algorithm_choices(cfg: Config, pinned: frozenset[str], on_gpu: bool) -> list[Choice]:
+    """What the run's algorithm sets in its own section for the learners' device (its
+    descriptor's `device_choices`), but for the fields the user set."""
+    name = cfg.algorithm.name
+    return [Choice(f"{name}.{field}", value, why) for field, value, why in
+            cfg.algorithm.device_choices(cfg.algo_config, on_gpu) if f"{name}.{field}" not in pinned]
 
 
 def placement_for(hw: Hardware, width: int) -> tuple[str, str, str, str]:

@@ -178,8 +178,7 @@ class CrossQActorPart(Checkpointed):
             def loss(params: list[torch.Tensor], obs: torch.Tensor, eps: torch.Tensor,
                      alpha: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
                 action, logp = torch.func.functional_call(actor, dict(zip(names, params)), (obs,), {"eps": eps})
-                q = read(obs, action)
-                return (alpha * logp - torch.minimum(q[0], q[1])).mean(), logp
+                return sac.soft_policy_loss(alpha, logp, read(obs, action)), logp
 
             target_entropy = self.target_entropy
 
@@ -206,8 +205,7 @@ class CrossQActorPart(Checkpointed):
             alpha = self.log_alpha.detach().exp()
             eps = torch.randn((obs.shape[0], self.act_dim), generator=self.generator, device=obs.device)
             action, logp = self.actor(obs, eps=eps)
-            q = read_q(self.critic, obs, action)
-            loss = (alpha * logp - torch.minimum(q[0], q[1])).mean()
+            loss = sac.soft_policy_loss(alpha, logp, read_q(self.critic, obs, action))
             metrics += [("alpha", alpha), ("entropy", -logp.detach().mean())]
         else:
             loss = -read_q(self.critic, obs, self.actor(obs))[0].mean()

@@ -83,8 +83,13 @@ def actor_loss(actor: torch.nn.Module, names: list[str], critic_params: list[tor
                alpha: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(E[alpha * log pi(a|s) - min(Q1, Q2)(s, a)], log pi(a|s)), a from the actor's parameters."""
     a, logp = torch.func.functional_call(actor, dict(zip(names, params)), (obs,), {"eps": eps})
-    q = networks.twin_q(critic_params, obs, a)
-    return (alpha * logp - torch.minimum(q[0], q[1])).mean(), logp
+    return soft_policy_loss(alpha, logp, networks.twin_q(critic_params, obs, a)), logp
+
+
+def soft_policy_loss(alpha: torch.Tensor, logp: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """SAC's actor objective E[alpha * log pi(a|s) - min(Q1, Q2)(s, a)], from log pi and the twin
+    Q-values [2, B] of the actor's actions."""
+    return (alpha * logp - torch.minimum(q[0], q[1])).mean()
 
 
 def temperature_loss(log_alpha: torch.Tensor, logp: torch.Tensor,

@@ -180,18 +180,22 @@ def test_no_cxx_compiler_plans_eager_updates(tmp_path: Path, monkeypatch: pytest
     assert "no C++ compiler" in Hardware(2, 8.0).describe()
 
 
-def test_the_algorithm_sets_its_own_section_for_the_device(tmp_path: Path) -> None:
+def test_the_algorithm_plans_its_own_settings(tmp_path: Path) -> None:
     """CrossQ's descriptor narrows its critics for learners on CPU (a 512-wide update costs
     ~2.7x a 256-wide one there) and keeps the configured width on a GPU or when the user set
-    it; TD3 sets nothing of its own."""
+    it; it turns observation normalisation on unless the user set it; TD3 plans nothing of
+    its own."""
     cfg = config(tmp_path, "algo=crossq", "crossq.critic_hidden=[512,512]")
     on_cpu = {c.key: c for c in plan(Hardware(2, 8.0), cfg, frozenset(), ROW)}
     assert on_cpu["crossq.critic_hidden"].value == [256, 256] and "CPU" in on_cpu["crossq.critic_hidden"].reason
-    assert apply(cfg, list(on_cpu.values())).algo_config.critic_hidden == (256, 256)
-    assert "crossq.critic_hidden" not in {c.key for c in plan(Hardware(16, 64.0, (H100,)), cfg, frozenset(), ROW)}
-    pinned = plan(Hardware(2, 8.0), cfg, frozenset({"crossq.critic_hidden"}), ROW)
-    assert "crossq.critic_hidden" not in {c.key for c in pinned}
+    assert on_cpu["learner.obs_norm"].value is True
+    planned = apply(cfg, list(on_cpu.values()))
+    assert planned.algo_config.critic_hidden == (256, 256) and planned.learner.obs_norm
+    on_gpu = {c.key: c.value for c in plan(Hardware(16, 64.0, (H100,)), cfg, frozenset(), ROW)}
+    assert "crossq.critic_hidden" not in on_gpu and on_gpu["learner.obs_norm"] is True
+    pinned = plan(Hardware(2, 8.0), cfg, frozenset({"crossq.critic_hidden", "learner.obs_norm"}), ROW)
+    assert not {"crossq.critic_hidden", "learner.obs_norm"} & {c.key for c in pinned}
     narrow = config(tmp_path, "algo=crossq", "crossq.critic_hidden=[128,128]")  # already narrow: kept
     assert "crossq.critic_hidden" not in {c.key for c in plan(Hardware(2, 8.0), narrow, frozenset(), ROW)}
     td3 = plan(Hardware(2, 8.0), config(tmp_path, "algo=td3"), frozenset(), ROW)
-    assert not [c for c in td3 if c.key.startswith("td3.")]
+    assert not [c for c in td3 if c.key.startswith("td3.") or c.key == "learner.obs_norm"]

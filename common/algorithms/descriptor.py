@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 
 def no_choices(cfg: Any, on_gpu: bool) -> list[tuple[str, Any, str]]:
-    """An algorithm whose defaults suit every device: the plan sets nothing in its section."""
+    """An algorithm whose defaults suit every device: the plan sets nothing for it."""
     return []
 
 
@@ -33,9 +33,10 @@ class Algorithm:
     policy_delay: Callable[[Any], int]  # critic updates per actor update, from its config
     exploration_noise: Callable[[Any], float]  # Gaussian action noise (half action ranges) the learner writes into the acting policy
     actor_nets: tuple[str, ...]  # actor networks the critic part needs (weights message names), in load order
-    # device_choices(config, on_gpu): (field, value, reason) the start plan sets in the algorithm's
-    # section for the learners' device (a field the user set is kept); e.g. narrower networks on CPU
-    device_choices: Callable[[Any, bool], list[tuple[str, Any, str]]] = no_choices
+    # plan_choices(config, on_gpu): (key, value, reason) the start plan sets for this algorithm, given
+    # the learners' device: a field of its own section ("critic_hidden") or a dotted key of the run
+    # config ("learner.obs_norm"); a key the user set is kept. E.g. narrower networks on CPU.
+    plan_choices: Callable[[Any, bool], list[tuple[str, Any, str]]] = no_choices
 
     def samples_per_update(self, cfg: Any, fused: bool) -> float:
         """Batches replay serves per critic update: the fused learner reuses one batch for both

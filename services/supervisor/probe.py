@@ -253,11 +253,12 @@ def warmup_choices(task: Task, cfg: Config, pinned: frozenset[str]) -> list[Choi
 
 
 def algorithm_choices(cfg: Config, pinned: frozenset[str], on_gpu: bool) -> list[Choice]:
-    """What the run's algorithm sets in its own section for the learners' device (its
-    descriptor's `device_choices`), but for the fields the user set."""
+    """What the run's algorithm sets for the learners' device (its descriptor's
+    `plan_choices`; a plain field is one of its own section), but for the keys the user set."""
     name = cfg.algorithm.name
-    return [Choice(f"{name}.{field}", value, why) for field, value, why in
-            cfg.algorithm.device_choices(cfg.algo_config, on_gpu) if f"{name}.{field}" not in pinned]
+    choices = [Choice(key if "." in key else f"{name}.{key}", value, why)
+               for key, value, why in cfg.algorithm.plan_choices(cfg.algo_config, on_gpu)]
+    return [c for c in choices if c.key not in pinned]
 
 
 def placement_for(hw: Hardware, width: int) -> tuple[str, str, str, str]:

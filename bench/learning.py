@@ -14,6 +14,12 @@ that command's earlier runs (they are the benchmark's scratch, not a user's run)
 (the first run on a new machine: the learners update eagerly while their steps compile),
 then with the cache that run filled; it reports both and the cold-over-warm ratio of the
 median seconds to the threshold.
+
+``--sb3 PYTHON`` then runs Stable-Baselines3's TD3 and SAC with RL-Zoo's settings
+(bench/sb3_baseline.py, with a Python that has stable-baselines3; the project never imports
+it) on the same task and threshold, in the same sitting, each ending at its first
+evaluation over the threshold, and reports Spreeze's median seconds over each one's
+(SB3's clock leaves its evaluations out, which favours it).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -60,12 +67,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="runs/bench-learning", help="directory for the runs and the JSON")
     p.add_argument("--cold-vs-warm", action="store_true",
                    help="run each seed with an empty compile cache, then again with the cache it filled")
+    p.add_argument("--sb3", metavar="PYTHON", help="then run SB3 TD3 and SAC (RL-Zoo settings) with this Python, "
+                   "which has stable-baselines3, and report the ratios")
+    p.add_argument("--sb3-seeds", type=int, nargs="+", help="seeds of the SB3 runs (default: the first of --seeds)")
     p.add_argument("overrides", nargs="*", help="config overrides key=value")
     args = p.parse_args(argv)
     if args.threshold is None:
         if args.env not in THRESHOLDS:
             p.error(f"--env {args.env} has no known threshold: give --threshold")
         args.threshold = THRESHOLDS[args.env]
+    if args.sb3 and (problem := sb3_missing(args.sb3)):
+        p.error(f"--sb3 {args.sb3}: {problem}")
     base = runs_dir(args)
     variants = ("cold", "warm") if args.cold_vs_warm else ("",)
     if args.cold_vs_warm:
@@ -102,12 +114,55 @@ def main(argv: list[str] | None = None) -> int:
         summary["cold_over_warm_seconds"] = round(c / w, 3) if c and w else None
         print(f"cold compile cache: median seconds to {args.threshold:g} = {c}; warm: {w}; "
               f"cold/warm = {summary['cold_over_warm_seconds']}")
+    if args.sb3:
+        summary["sb3"] = sb3_side_by_side(args, summary["median_seconds_to_threshold"])
+        if summary["sb3"] is None:
+            return 1
     base.parent.mkdir(parents=True, exist_ok=True)
     base.with_suffix(".json").write_text(json.dumps(summary, indent=1))
     print(f"{args.env} {args.algo}: median steps to {args.threshold:g} = {summary['median_steps_to_threshold']}, "
           f"median seconds = {summary['median_seconds_to_threshold']}, median final return = "
           f"{summary['median_final_return']}")
     return 0
+
+
+def sb3_missing(python: str) -> str:
+    """Why `python` cannot run the SB3 baseline ("" when it can): checked before any run starts."""
+    try:
+        done = subprocess.run([python, "-c", "import stable_baselines3, gymnasium, mujoco"], capture_output=True,
+                              text=True, check=False, timeout=120)
+    except OSError as exc:
+        return f"cannot be run: {exc}"
+    last = (done.stderr.strip().splitlines() or [""])[-1]
+    return "" if done.returncode == 0 else f"cannot import stable_baselines3, gymnasium and mujoco: {last}"
+
+
+def sb3_side_by_side(args: argparse.Namespace, seconds: float | None) -> dict[str, Any] | None:
+    """SB3 TD3 and SAC on the same task and threshold, each seed to its first evaluation over
+    it (at most --total-steps): their training seconds and Spreeze's median over theirs."""
+    script = Path(__file__).with_name("sb3_baseline.py")
+    out: dict[str, Any] = {}
+    for algo in ("td3", "sac"):
+        hits = []
+        for seed in args.sb3_seeds or args.seeds[:1]:
+            cmd = [args.sb3, str(script), "--algo", algo, "--env", args.env, "--threshold", str(args.threshold),
+                   "--steps", str(args.total_steps), "--seed", str(seed), "--stop-at-threshold"]
+            done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            if done.returncode != 0:
+                print(f"spreeze bench learning: error: {' '.join(cmd)} failed ({done.returncode}): "
+                      f"{done.stderr.strip()[-2000:]}", file=sys.stderr)
+                return None
+            hit = json.loads(done.stdout.strip().splitlines()[-1])["hit"]
+            hits.append(hit["train_s"] if hit else None)
+            said = f"{hit['train_s']} at {hit['env_steps']:,} steps" if hit else f"none in {args.total_steps:,} steps"
+            print(f"sb3 {algo} seed {seed}: seconds to {args.threshold:g} (training only): {said}", flush=True)
+        theirs = median_reached(hits)
+        ratio = round(seconds / theirs, 3) if seconds and theirs else None
+        out[algo] = {"seconds_to_threshold": hits, "median_seconds_to_threshold": theirs,
+                     "spreeze_over_sb3": ratio}
+        print(f"spreeze / sb3 {algo} (median seconds to {args.threshold:g}): {seconds} / {theirs} = {ratio}",
+              flush=True)
+    return out
 
 
 def medians(rows: list[dict[str, Any]]) -> dict[str, Any]:

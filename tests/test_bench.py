@@ -189,6 +189,20 @@ def test_bench_learning_reruns_replace_their_runs_and_other_settings_get_their_o
     assert "spreeze bench learning: error: seed 0 failed" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("python", [sys.executable, "/nonexistent/python"])
+def test_bench_learning_refuses_an_sb3_python_that_cannot_run_it_before_any_run(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], python: str) -> None:
+    """--sb3 names a Python with stable-baselines3 (the project's own has none): one that
+    cannot import it, or cannot run, is refused by name before a seed trains."""
+    from spreeze.bench.learning import main as learning
+    if python == sys.executable and importlib.util.find_spec("stable_baselines3") is not None:
+        pytest.skip("this Python has stable-baselines3")
+    with pytest.raises(SystemExit) as exit_:
+        learning(["--env", "Pendulum-v1", "--threshold", "-1600", "--out", str(tmp_path), "--sb3", python])
+    assert exit_.value.code == 2 and f"--sb3 {python}: " in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(280)
 def test_bench_learning_cold_vs_warm_compile_cache(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -70,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sb3", metavar="PYTHON", help="then run SB3 TD3 and SAC (RL-Zoo settings) with this Python, "
                    "which has stable-baselines3, and report the ratios")
     p.add_argument("--sb3-seeds", type=int, nargs="+", help="seeds of the SB3 runs (default: the first of --seeds)")
+    p.add_argument("--sb3-steps", type=int, help="most env steps of an SB3 run (default: --total-steps)")
     p.add_argument("overrides", nargs="*", help="config overrides key=value")
     args = p.parse_args(argv)
     if args.threshold is None:
@@ -139,14 +140,15 @@ def sb3_missing(python: str) -> str:
 
 def sb3_side_by_side(args: argparse.Namespace, seconds: float | None) -> dict[str, Any] | None:
     """SB3 TD3 and SAC on the same task and threshold, each seed to its first evaluation over
-    it (at most --total-steps): their training seconds and Spreeze's median over theirs."""
+    it (at most --sb3-steps): their training seconds and Spreeze's median over theirs."""
     script = Path(__file__).with_name("sb3_baseline.py")
     out: dict[str, Any] = {}
+    steps = args.sb3_steps or args.total_steps
     for algo in ("td3", "sac"):
         hits = []
         for seed in args.sb3_seeds or args.seeds[:1]:
             cmd = [args.sb3, str(script), "--algo", algo, "--env", args.env, "--threshold", str(args.threshold),
-                   "--steps", str(args.total_steps), "--seed", str(seed), "--stop-at-threshold"]
+                   "--steps", str(steps), "--seed", str(seed), "--stop-at-threshold"]
             done = subprocess.run(cmd, capture_output=True, text=True, check=False)
             if done.returncode != 0:
                 print(f"spreeze bench learning: error: {' '.join(cmd)} failed ({done.returncode}): "
@@ -154,7 +156,7 @@ def sb3_side_by_side(args: argparse.Namespace, seconds: float | None) -> dict[st
                 return None
             hit = json.loads(done.stdout.strip().splitlines()[-1])["hit"]
             hits.append(hit["train_s"] if hit else None)
-            said = f"{hit['train_s']} at {hit['env_steps']:,} steps" if hit else f"none in {args.total_steps:,} steps"
+            said = f"{hit['train_s']} at {hit['env_steps']:,} steps" if hit else f"none in {steps:,} steps"
             print(f"sb3 {algo} seed {seed}: seconds to {args.threshold:g} (training only): {said}", flush=True)
         theirs = median_reached(hits)
         ratio = round(seconds / theirs, 3) if seconds and theirs else None

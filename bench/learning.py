@@ -145,7 +145,8 @@ def sb3_side_by_side(args: argparse.Namespace, seconds: float | None) -> dict[st
     out: dict[str, Any] = {}
     steps = args.sb3_steps or args.total_steps
     for algo in ("td3", "sac"):
-        hits = []
+        hits: list[float | None] = []
+        runs: list[dict[str, Any]] = []
         for seed in args.sb3_seeds or args.seeds[:1]:
             cmd = [args.sb3, str(script), "--algo", algo, "--env", args.env, "--threshold", str(args.threshold),
                    "--steps", str(steps), "--seed", str(seed), "--stop-at-threshold"]
@@ -154,14 +155,17 @@ def sb3_side_by_side(args: argparse.Namespace, seconds: float | None) -> dict[st
                 print(f"spreeze bench learning: error: {' '.join(cmd)} failed ({done.returncode}): "
                       f"{done.stderr.strip()[-2000:]}", file=sys.stderr)
                 return None
-            hit = json.loads(done.stdout.strip().splitlines()[-1])["hit"]
+            report = json.loads(done.stdout.strip().splitlines()[-1])
+            hit, evals = report["hit"], report["evals"]
             hits.append(hit["train_s"] if hit else None)
-            said = f"{hit['train_s']} at {hit['env_steps']:,} steps" if hit else f"none in {steps:,} steps"
+            runs.append({"algo": algo, "seed": seed, "hit": hit, "evals": evals})
+            last = f"; last evaluation {evals[-1]['return_mean']} after {evals[-1]['train_s']} s" if evals else ""
+            said = f"{hit['train_s']} at {hit['env_steps']:,} steps" if hit else f"none in {steps:,} steps{last}"
             print(f"sb3 {algo} seed {seed}: seconds to {args.threshold:g} (training only): {said}", flush=True)
         theirs = median_reached(hits)
         ratio = round(seconds / theirs, 3) if seconds and theirs else None
         out[algo] = {"seconds_to_threshold": hits, "median_seconds_to_threshold": theirs,
-                     "spreeze_over_sb3": ratio}
+                     "spreeze_over_sb3": ratio, "runs": runs}
         print(f"spreeze / sb3 {algo} (median seconds to {args.threshold:g}): {seconds} / {theirs} = {ratio}",
               flush=True)
     return out

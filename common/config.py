@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 
 from spreeze.common.algorithms import ALGOS, Algorithm, algorithm
+from spreeze.common.config_text import raw_config
 from spreeze.common.errors import ConfigError
 from spreeze.common.env_source import EnvSource, parse_wrappers
 from spreeze.common.sparse_config import SparseConfig
@@ -471,22 +471,10 @@ def from_dict(data: dict[str, Any]) -> Config:
     return cfg
 
 
-def parse_override(text: str) -> tuple[list[str], Any]:
-    """'replay.capacity=1000' -> (['replay', 'capacity'], 1000), values parsed as YAML."""
-    key, sep, raw = text.partition("=")
-    if not sep or not key.strip():
-        raise ConfigError(f"override {text!r} is not of the form key=value")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"override {text!r}: value is not valid YAML: {exc}") from None
-    return key.strip().split("."), value
-
-
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
                 base: dict[str, Any] | None = None) -> Config:
     """YAML file (optional) + overrides -> a validated Config."""
-    return from_dict(_raw_config(path, overrides, base))
+    return from_dict(raw_config(path, overrides, base))
 
 
 def given_keys(path: str | Path | None = None, overrides: list[str] | None = None) -> frozenset[str]:
@@ -495,40 +483,7 @@ def given_keys(path: str | Path | None = None, overrides: list[str] | None = Non
     def leaves(node: dict[str, Any], prefix: str) -> list[str]:
         return [k for key, value in node.items()
                 for k in (leaves(value, f"{prefix}{key}.") if isinstance(value, dict) else [f"{prefix}{key}"])]
-    return frozenset(leaves(_raw_config(path, overrides), ""))
-
-
-def _raw_config(path: str | Path | None, overrides: list[str] | None,
-                base: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The plain data of a YAML file with overrides applied on top (not yet validated)."""
-    data: dict[str, Any] = dict(base or {})
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file {str(p)!r} does not exist")
-        try:
-            loaded = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {str(p)!r} is not valid YAML: {exc}") from None
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"config file {str(p)!r} must hold a mapping at top level")
-        data = _merge(data, loaded)
-    for text in overrides or []:
-        keys, value = parse_override(text)
-        node = data
-        for k in keys[:-1]:
-            node = node.setdefault(k, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"override {text!r}: {k} is not a section")
-        node[keys[-1]] = value
-    return data
-
-
-def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-    out = dict(a)
-    for k, v in b.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
+    return frozenset(leaves(raw_config(path, overrides), ""))
 
 
 def field_docs(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str]]:

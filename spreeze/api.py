@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import yaml
 
-from spreeze.common.config import Config, given_keys, load_config, parse_override, to_dict
+from spreeze.common.config import Config, given_keys, load_config, to_dict
+from spreeze.common.config_text import parse_override
 from spreeze.common.errors import ConfigError
 
 if TYPE_CHECKING:

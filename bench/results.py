@@ -29,7 +29,9 @@ section states the highest such sparsity per algo.
 
 Each command owns one section of the Markdown file, keyed by a hash of its experiment
 arguments: rerunning a command replaces its section, another command appends its own. The
-JSON file holds the same sections by key. Both are rewritten after every run.
+JSON file holds the same sections by key. Both are rewritten after every run. A command
+stopped and run again keeps the seeds this commit finished (bench.runs.finished_seed) and
+trains the rest.
 """
 
 from __future__ import annotations
@@ -42,15 +44,14 @@ import platform
 import re
 import shlex
 import statistics
-import subprocess
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from spreeze.bench.runs import (ALGO_HELP, THRESHOLDS, Terminated, algo_arg, first_reaching, median_reached,
-                                read_metrics, run_seed, settings_key)
+from spreeze.bench.runs import (ALGO_HELP, THRESHOLDS, Terminated, algo_arg, finished_seed, first_reaching, git_commit,
+                                median_reached, read_metrics, run_seed, settings_key)
 from spreeze.common.sparse_config import NETWORKS
 from spreeze.common.sparse_stats import combined_flops_ratio, overall_sparsity
 from spreeze.proto.names import LEARNER_ROLES
@@ -61,7 +62,6 @@ if TYPE_CHECKING:
 # torch, gymnasium, numpy and matplotlib are imported by the functions that use them, so that
 # `spreeze results --help` and a bad argument answer at once
 
-ROOT = Path(__file__).resolve().parents[1]
 OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*=")  # a key=value config override among the arguments
 Record = dict[str, Any]
 
@@ -363,17 +363,6 @@ def machine_info() -> Record:
     return {"cores": os.cpu_count(), "cpu": cpu_model(), "gpu": ", ".join(gpus) or "none"}
 
 
-def git_commit() -> str | None:
-    """HEAD of the repository this code runs from (None without git or a repository)."""
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                             text=True, timeout=10, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    commit = out.stdout.strip() if out.returncode == 0 else ""
-    return commit or None
-
-
 # ------------------------------------------------------------------ command line
 
 def parser() -> argparse.ArgumentParser:
@@ -439,13 +428,17 @@ def check_configs(args: argparse.Namespace, plan: list[Variant]) -> None:
 
 
 def train_one(args: argparse.Namespace, variant: Variant, seed: int, runs_dir: Path) -> Record:
-    """Train one seed of one variant; its record, or one with ``error`` when it failed."""
+    """Train one seed of one variant; its record, or one with ``error`` when it failed. A seed
+    this commit already finished in its run directory (a command stopped and run again) is
+    read back, not trained again."""
     run_dir = runs_dir / f"{variant.name}-s{seed}"
     try:
-        result = run_seed(args.env, variant.algo, seed, args.total_steps, run_dir, args.config,
-                          [*args.overrides, *variant.overrides()], network=variant.network)
-        return run_record(variant, seed, run_dir, result["command_wall_s"], args.last, args.threshold,
-                          result["start_s"])
+        result = finished_seed(run_dir) or run_seed(args.env, variant.algo, seed, args.total_steps, run_dir,
+                                                    args.config, [*args.overrides, *variant.overrides()],
+                                                    network=variant.network)
+        record = run_record(variant, seed, run_dir, result["command_wall_s"], args.last, args.threshold,
+                            result["start_s"])
+        return {**record, "kept": True} if result.get("kept") else record
     except (RuntimeError, OSError, ValueError) as exc:
         return {**variant.fields(), "seed": seed, "run_dir": str(run_dir), "error": str(exc)[-2000:]}
 
@@ -467,6 +460,8 @@ def describe(i: int, n: int, variant: Variant, r: Record) -> str:
     head = f"[{i}/{n}] {variant.name} seed {r['seed']}"
     if "error" in r:
         return f"{head}: FAILED: {r['error'].strip().splitlines()[-1] if r['error'].strip() else ''}"
+    if r.get("kept"):
+        head += " (finished by an earlier run of this command: kept)"
     ret = "n/a" if r["return"] is None else f"{r['return']:.1f}"
     hit = "" if r["threshold"] is None else (
         f", {r['threshold']:g} at {r['steps_to_threshold']:,} steps, {r['seconds_to_threshold']:.0f}s"

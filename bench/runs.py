@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import shutil
 import signal
 import statistics
 import subprocess
@@ -19,6 +20,8 @@ from typing import Any
 
 from spreeze.common.algorithms import algorithm, registered
 
+ROOT = Path(__file__).resolve().parents[1]
+FINISHED = "bench-run.json"  # in a run directory whose `spreeze train` finished: its seconds and the commit
 STOP_TIMEOUT_S = 60.0  # a terminated run's supervisor stops its services within this, or it is killed
 
 # The score each task counts as learned within 100k env steps (deterministic evaluation).
@@ -58,8 +61,37 @@ def run_seed(env: str, algo: str, seed: int, total_steps: int, run_dir: Path,
     evals, started = read_evals(run_dir)
     for e in evals:  # seconds since the command was typed, start-up included
         e["since_command"] = started - t0 + e["wall_time"]
+    finished = {"command_wall_s": wall, "start_s": started - t0, "commit": git_commit()}
+    (run_dir / FINISHED).write_text(json.dumps(finished))
     return {"seed": seed, "run_dir": str(run_dir), "command_wall_s": wall, "start_s": started - t0,
             "evals": evals}
+
+
+def finished_seed(run_dir: Path) -> dict[str, Any] | None:
+    """What `run_seed` measured in ``run_dir`` when this commit's code finished a run there
+    before (``kept``: true), so a benchmark stopped and run again trains only what is left;
+    None when there is none, and then a run directory left unfinished (or by other code) is
+    removed, so the seed trains afresh rather than being refused as a taken directory."""
+    try:
+        done = json.loads((run_dir / FINISHED).read_text())
+    except (OSError, ValueError):
+        done = None
+    if isinstance(done, dict) and done.get("commit") == git_commit():  # (outside git: None on both sides)
+        return {"command_wall_s": float(done["command_wall_s"]), "start_s": float(done["start_s"]), "kept": True}
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    return None
+
+
+def git_commit() -> str | None:
+    """HEAD of the repository this code runs from (None without git or a repository)."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                             text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    commit = out.stdout.strip() if out.returncode == 0 else ""
+    return commit or None
 
 
 class Terminated(SystemExit):

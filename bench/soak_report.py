@@ -11,7 +11,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from spreeze.bench.results import git_commit, machine_info
+from spreeze.bench.results import machine_info
+from spreeze.bench.runs import git_commit
 from spreeze.services.supervisor.ledger import balanced
 
 

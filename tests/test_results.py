@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from spreeze.bench import results as R
-from spreeze.bench.runs import read_evals
+from spreeze.bench.runs import FINISHED, finished_seed, git_commit, read_evals
 from spreeze.common.config import load_config, to_dict
 
 pytestmark = pytest.mark.timeout(60)
@@ -46,6 +46,23 @@ def sparse_metrics(sparsity: float, ra: float, rc: float) -> dict[str, float]:
 
 
 # ------------------------------------------------------------------ one run
+
+def test_a_finished_seed_is_kept_and_an_unfinished_one_removed(tmp_path: Path) -> None:
+    """A run directory holding a finished run of this commit is read back (its measured
+    seconds); one without that record, or from other code, is removed to be trained afresh."""
+    done = tmp_path / "done"
+    done.mkdir()
+    (done / FINISHED).write_text(json.dumps({"command_wall_s": 812.5, "start_s": 3.25, "commit": git_commit()}))
+    assert finished_seed(done) == {"command_wall_s": 812.5, "start_s": 3.25, "kept": True}
+    for name, marker in (("unfinished", None), ("other-code", {"command_wall_s": 1, "start_s": 1, "commit": "0" * 40}),
+                         ("corrupt", "{not json")):
+        run_dir = tmp_path / name
+        (run_dir / "logs").mkdir(parents=True)
+        if marker is not None:
+            (run_dir / FINISHED).write_text(marker if isinstance(marker, str) else json.dumps(marker))
+        assert finished_seed(run_dir) is None and not run_dir.exists()
+    assert finished_seed(tmp_path / "never-made") is None
+
 
 def test_last_mean_takes_the_last_n_or_all_when_fewer() -> None:
     evals = [{"return_mean": float(x)} for x in range(1, 13)]
@@ -256,3 +273,12 @@ def test_results_end_to_end_pendulum(tmp_path: Path) -> None:
     assert dense["evals"] >= 1 and ds["evals"] >= 1 and "error" not in ds
     assert ds["sparsity_actor"] == pytest.approx(0.5, abs=0.01)  # fused TD3 reports the actor too
     assert 0.4 < ds["flops_ratio"] < 0.7 and ds["nonzero"] < ds["params"] == dense["params"]
+    # run again after the ds seed was left unfinished: dense is kept, ds trains afresh in its directory
+    (Path(ds["run_dir"]) / FINISHED).unlink()
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=200, check=False)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "[1/2] td3-dense seed 0 (finished by an earlier run of this command: kept)" in again.stdout
+    assert "[2/2] td3-ds-50 seed 0: return" in again.stdout or "[2/2] td3-ds" in again.stdout
+    assert "kept" not in [line for line in again.stdout.splitlines() if line.startswith("[2/2]")][0]
+    (section,) = json.loads(out.with_suffix(".json").read_text()).values()
+    assert section["runs"][0]["wall_s"] == dense["wall_s"] and "error" not in section["runs"][1]

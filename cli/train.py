@@ -31,7 +31,9 @@ def train_arguments(p: argparse.ArgumentParser) -> None:
                         "overrides apply on top")
     p.add_argument("--env", help="gymnasium environment id (config key env)")
     p.add_argument("--algo", metavar="ALGO",
-                   help=f"algorithm: {' | '.join(ALGOS)} | a module path defining ALGORITHM (config key algo)")
+                   help=f"algorithm: {' | '.join(ALGOS)} | a module path defining ALGORITHM (config key algo; "
+                        "unset, the start plan picks crossq for tasks that end episodes when the agent falls, "
+                        "else td3)")
     p.add_argument("--network", choices=NETWORKS,
                    help="dense, static sparse or dynamic sparse (ds) networks (config key sparse.network)")
     p.add_argument("--seed", type=int, help="base seed (config key seed)")

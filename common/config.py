@@ -232,7 +232,7 @@ class Config:
     env_kwargs: dict[str, Any] = field(default_factory=dict)  # keyword arguments of gymnasium.make(env, ...), the same in samplers, evaluator and videos
     env_imports: tuple[str, ...] = ()  # modules every process imports before making the env (a package that registers its envs)
     env_wrappers: tuple[Any, ...] = ()  # wrappers around the env, innermost first: a name (gymnasium.wrappers' ClipAction, or module:Class) or {name: {keyword: value}}
-    algo: str = "td3"  # td3 | sac | a module path whose module defines ALGORITHM (its section: ALGORITHM.name)
+    algo: str = "td3"  # td3 | sac | crossq | a module path defining ALGORITHM (unset: the plan may pick crossq)
     seed: int = 0  # base seed; each service derives its own
     total_steps: int = 100_000  # env steps budget; the run stops when replay has seen this many
     time_limit: float = 0.0  # wall-clock budget in seconds (0 = none)

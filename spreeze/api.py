@@ -83,11 +83,23 @@ def resolve(config: str | Path | Mapping[str, Any] | None = None, overrides: Seq
     if resume is not None:
         return Resolved(_resume_config(Path(resume).resolve(), config, given), frozenset(), True)
     cfg = load_config(config, given)
+    pinned = given_keys(config, given)
+    cfg = _planned_algo(cfg, pinned)
     if not cfg.run_dir:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         cfg = dataclasses.replace(cfg, run_dir=f"runs/{cfg.env}-{cfg.algo}-s{cfg.seed}-{stamp}")
     cfg = dataclasses.replace(cfg, run_dir=str(Path(cfg.run_dir).resolve()))
-    return Resolved(cfg, given_keys(config, given), False)
+    return Resolved(cfg, pinned, False)
+
+
+def _planned_algo(cfg: Config, pinned: frozenset[str]) -> Config:
+    """The config with the algorithm the start plan chooses for its task when the user chose
+    none (the run directory is named after it; the supervisor prints the plan's reason)."""
+    if not cfg.supervisor.auto or "algo" in pinned:  # (no need to make the env to keep it)
+        return cfg
+    from spreeze.common.envs import task_facts
+    from spreeze.services.supervisor.probe import algo_choice, apply
+    return apply(cfg, algo_choice(task_facts(cfg.env_source), cfg, pinned))
 
 
 def _resume_config(run_dir: Path, config: str | Path | None, overrides: list[str]) -> Config:

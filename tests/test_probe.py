@@ -133,14 +133,45 @@ def test_network_size_follows_early_termination(tmp_path: Path, algo: str, env: 
     task = task_facts(env)
     cfg = config(tmp_path, f"algo={algo}", f"env={env}")
     default = dataclasses.replace(cfg, algorithms={"td3": TD3Config(), "sac": SACConfig()})  # shipped defaults
-    choices = plan(Hardware(2, 8.0), default, frozenset(), ROW, task)
+    choices = plan(Hardware(2, 8.0), default, frozenset({"algo"}), ROW, task)  # the user chose the algorithm
     (choice,) = [c for c in choices if c.key == f"{algo}.hidden"]
     assert choice.value == hidden and env in choice.reason
     assert apply(default, choices).algo_config.hidden == tuple(hidden)
     (mode,) = [c.value for c in choices if c.key == "learner.mode"]  # placement follows the planned width
     assert mode == ("split" if max(hidden) >= 256 else "fused")
-    pinned = plan(Hardware(2, 8.0), default, frozenset({f"{algo}.hidden"}), ROW, task)
+    pinned = plan(Hardware(2, 8.0), default, frozenset({"algo", f"{algo}.hidden"}), ROW, task)
     assert not [c for c in pinned if c.key == f"{algo}.hidden"]  # set by the user: kept
+
+
+@pytest.mark.parametrize("env, algo", [("HalfCheetah-v5", "td3"), ("Hopper-v5", "crossq"), ("Ant-v5", "crossq")])
+def test_the_algorithm_follows_early_termination(tmp_path: Path, env: str, algo: str) -> None:
+    """With no algorithm chosen, a task that ends episodes when the agent falls gets CrossQ and
+    the rest of the plan is made for it (its networks, its settings); one that never ends
+    early keeps the configured TD3."""
+    cfg = config(tmp_path, f"env={env}", "replay.capacity=20000")
+    choices = plan(Hardware(2, 8.0), cfg, frozenset(), ROW, task_facts(env))
+    assert choices[0].key == "algo" and choices[0].value == algo and env in choices[0].reason
+    planned = apply(cfg, choices)
+    assert planned.algo == algo
+    assert any(c.key == f"{algo}.hidden" for c in choices)  # the networks are planned for the chosen one
+    assert planned.learner.obs_norm is (algo == "crossq")  # and its own choices are made
+    for pinned in ({"algo"}, {"td3.policy_noise"}):  # the algorithm, or a key of its section, set: td3 kept
+        kept = apply(cfg, plan(Hardware(2, 8.0), cfg, frozenset(pinned), ROW, task_facts(env)))
+        assert kept.algo == "td3"
+
+
+def test_a_run_is_named_after_the_algorithm_the_plan_chose(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """spreeze train --env Hopper-v5 (no --algo) runs CrossQ, its directory and Run.config say
+    so; an --algo given is kept."""
+    from spreeze.api import resolve
+    monkeypatch.chdir(tmp_path)
+    chose = resolve(None, [], env="Hopper-v5", seed=3)
+    assert chose.config.algo == "crossq" and "Hopper-v5-crossq-s3-" in chose.config.run_dir
+    assert "algo" not in chose.pinned  # the supervisor's plan prints why
+    kept = resolve(None, [], env="Hopper-v5", algo="sac")
+    assert kept.config.algo == "sac" and "Hopper-v5-sac-" in kept.config.run_dir
+    cheetah = resolve(None, [], env="HalfCheetah-v5")
+    assert cheetah.config.algo == "td3"
 
 
 @pytest.mark.parametrize("env, warmup", [("HalfCheetah-v5", None), ("Walker2d-v5", 1000), ("Hopper-v5", 1000)])

@@ -252,3 +252,24 @@ def test_guards_off_after_compile_still_agree_with_eager_across_batch_sizes(algo
     _assert_close(_tensors(*eager), _tensors(*fast))
     assert _compiles(*fast) == [2, 2]  # one graph per batch size, none made with guards off
 
+
+
+def test_guards_stay_on_while_any_compile_runs() -> None:
+    # two learners in one process (the tests' harness): one turning its guards off must not
+    # do so under the other's compile, which needs them
+    from torch._dynamo.eval_frame import _is_skip_guard_eval_unsafe_stance as guards_off
+    from spreeze.common.algorithms.compiled import compiling
+    try:
+        with compiling():
+            check_guards(False)
+            assert not guards_off()
+            with compiling():
+                pass
+            assert not guards_off()
+        assert guards_off()  # the last compile ended: as asked
+        check_guards(True)
+        with compiling():
+            assert not guards_off()
+        assert not guards_off()
+    finally:
+        check_guards(True)

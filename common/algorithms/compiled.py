@@ -21,8 +21,10 @@ within float tolerance (tests/test_compiled.py).
 from __future__ import annotations
 
 import os
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
@@ -56,10 +58,38 @@ def check_guards(on: bool) -> None:
     a learner's steps are compiled it turns them off, and on again before compiling for a
     new batch size (a graph is only ever made with guards on; with several cached graphs
     the shape guards that tell them apart are still evaluated). The switch is process-wide
-    (``torch.compiler.set_stance``); flip it only from the thread that runs the updates,
-    never while a compile runs in another thread with it off.
+    (``torch.compiler.set_stance``): while a step compiles in any thread (`compiling`), the
+    guards stay on and are turned off when the last compile ends, so several learners in one
+    process (the tests' harness) cannot turn them off under each other's compiles.
     """
-    torch.compiler.set_stance("default", skip_guard_eval_unsafe=not on)
+    global _guards_off
+    with _STANCE_LOCK:
+        _guards_off = not on
+        _apply_stance()
+
+
+_STANCE_LOCK = threading.Lock()
+_guards_off = False  # what the updating threads asked for (check_guards)
+_compiles_running = 0  # compiles in flight in this process (they need the guards)
+
+
+def _apply_stance() -> None:
+    torch.compiler.set_stance("default", skip_guard_eval_unsafe=_guards_off and _compiles_running == 0)
+
+
+@contextmanager
+def compiling() -> Iterator[None]:
+    """Around a compile: the guards are on while it runs (see `check_guards`)."""
+    global _compiles_running
+    with _STANCE_LOCK:
+        _compiles_running += 1
+        _apply_stance()
+    try:
+        yield
+    finally:
+        with _STANCE_LOCK:
+            _compiles_running -= 1
+            _apply_stance()
 
 
 def compile_cache_dir(setting: str, run_dir: str | Path) -> Path:
@@ -225,16 +255,17 @@ class CompiledStep:
         """Compile (on CUDA: compile and capture) for these input shapes, changing no state;
         returns the seconds it took."""
         t0 = time.perf_counter()
-        if self.graphs is None:
-            saved = self._snapshot()
-            try:
-                for _ in range(WARMUP_CALLS):
-                    self.run(*inputs)
-            finally:
-                self._restore(saved)
-            self.compile_s += time.perf_counter() - t0
-        elif self._key(inputs) not in self.graphs:
-            self.graphs[self._key(inputs)] = self._capture(inputs)  # counts its own seconds
+        with compiling():
+            if self.graphs is None:
+                saved = self._snapshot()
+                try:
+                    for _ in range(WARMUP_CALLS):
+                        self.run(*inputs)
+                finally:
+                    self._restore(saved)
+                self.compile_s += time.perf_counter() - t0
+            elif self._key(inputs) not in self.graphs:
+                self.graphs[self._key(inputs)] = self._capture(inputs)  # counts its own seconds
         return time.perf_counter() - t0
 
     @staticmethod

@@ -13,7 +13,8 @@ from spreeze.api import RESUMABLE_KEYS, Resolved, resolve
 from spreeze.cli.argtypes import positive_int
 from spreeze.common.algorithms import ALGOS
 from spreeze.common.checkpoint_spec import check_made_for, made_for
-from spreeze.common.config import Config, field_docs
+from spreeze.common.config import Config
+from spreeze.common.config_docs import field_docs
 from spreeze.common.sparse_config import NETWORKS
 from spreeze.services.supervisor.start import run_state
 

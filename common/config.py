@@ -484,27 +484,3 @@ def given_keys(path: str | Path | None = None, overrides: list[str] | None = Non
         return [k for key, value in node.items()
                 for k in (leaves(value, f"{prefix}{key}.") if isinstance(value, dict) else [f"{prefix}{key}"])]
     return frozenset(leaves(raw_config(path, overrides), ""))
-
-
-def field_docs(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str]]:
-    """(key, default, doc) for every leaf field, docs taken from the source comments."""
-    import inspect
-
-    source = inspect.getsource(cls)
-    docs = {}
-    for line in source.splitlines():
-        stripped = line.strip()
-        if ":" in stripped and "#" in stripped and not stripped.startswith(("#", "def", "raise")):
-            docs[stripped.split(":")[0].strip()] = stripped.split("#", 1)[1].strip()
-    rows = []
-    for f in dataclasses.fields(cls):
-        hint = typing.get_type_hints(cls)[f.name]
-        if f.metadata.get(SECTIONS):
-            for name, section in f.default_factory().items():  # type: ignore[misc,operator]
-                rows += field_docs(type(section), f"{prefix}{name}.")
-        elif isinstance(hint, type) and dataclasses.is_dataclass(hint):
-            rows += field_docs(hint, f"{prefix}{f.name}.")
-        else:
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc,operator]
-            rows.append((f"{prefix}{f.name}", repr(default), docs.get(f.name, "")))
-    return rows

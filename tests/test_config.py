@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from spreeze.common.config import Config, field_docs, from_dict, load_config, to_dict
+from spreeze.common.config import Config, from_dict, load_config, to_dict
+from spreeze.common.config_docs import field_docs
 from spreeze.common.config_text import parse_override
 from spreeze.common.errors import ConfigError
 

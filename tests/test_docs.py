@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from spreeze.common.config import field_docs
+from spreeze.common.config_docs import field_docs
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"

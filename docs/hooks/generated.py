@@ -1,7 +1,7 @@
 """MkDocs hook: the pages that are generated from the code when the site is built.
 
 - `<!-- spreeze:config-reference -->` becomes a table of every run configuration key with
-  its default and its doc, read by `spreeze.common.config.field_docs` from the config
+  its default and its doc, read by `spreeze.common.config_docs.field_docs` from the config
   dataclasses' source comments (the same rows `spreeze train --help` prints), one table
   per section. The algorithms' sections (`td3`, `sac`) and `sparse` come from their own
   dataclasses in `common/algorithms/configs.py` and `common/sparse_config.py`.
@@ -31,7 +31,7 @@ def config_reference() -> str:
     """Markdown: one table per config section, every leaf key with its default and doc."""
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    from spreeze.common.config import field_docs
+    from spreeze.common.config_docs import field_docs
 
     sections: dict[str, list[tuple[str, str, str]]] = {}
     for key, default, doc in field_docs():

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from spreeze.bench import results as R
+from spreeze.bench import results_table as T
 from spreeze.bench.runs import FINISHED, finished_seed, git_commit, read_evals
 from spreeze.common.config import load_config, to_dict
 
@@ -140,7 +141,7 @@ THRESHOLD = -275.0  # dense reaches it in seeds 0 and 2 (final -200, -250), at t
 def test_summary_means_stds_and_rule(tmp_path: Path) -> None:
     records = records_for(tmp_path)
     records.append({**R.Variant("td3", "ds", 0.8).fields(), "seed": 9, "run_dir": "x", "error": "boom"})
-    rows = R.summarize(records)
+    rows = T.summarize(records)
     assert [(r["network"], r["sparsity_target"], r["seeds"]) for r in rows] == [
         ("dense", None, 3), ("ds", 0.5, 3), ("ds", 0.8, 3), ("ds", 0.9, 3)]  # the failed run is left out
     dense = rows[0]
@@ -153,9 +154,9 @@ def test_summary_means_stds_and_rule(tmp_path: Path) -> None:
     assert (dense["reached"], dense["steps_to_threshold"], dense["seconds_to_threshold"]) == (2, 3000, 3.0)
     assert (rows[3]["reached"], rows[3]["steps_to_threshold"]) == (0, None)  # ds 0.9 never: no median
     # dense -250 ± 50: ds 0.8 (-290) is within one std, 0.9 (-450) is not
-    best = R.highest_matching(rows, "td3")
+    best = T.highest_matching(rows, "td3")
     assert best is not None and best["sparsity_target"] == 0.8
-    line = R.match_line(rows, "td3")
+    line = T.match_line(rows, "td3")
     assert line is not None and "80.0%" in line and "-290.0 ± 10.0 vs dense -250.0 ± 50.0" in line
 
 
@@ -165,14 +166,14 @@ def row(network: str, sparsity: float, mean: float | None, std: float = 0.0) -> 
 
 def test_rule_counts_better_than_dense_and_can_find_none() -> None:
     rows = [row("dense", 0.0, 100.0, 10.0), row("ds", 0.5, 85.0), row("ds", 0.9, 150.0), row("static", 0.95, 99.0)]
-    best = R.highest_matching(rows, "td3")
+    best = T.highest_matching(rows, "td3")
     assert best is not None and best["sparsity"] == 0.9  # beating dense is matching it; static is no candidate
     rows = [row("dense", 0.0, 100.0, 10.0), row("ds", 0.5, 89.9), row("ds", 0.8, None)]
-    assert R.highest_matching(rows, "td3") is None
-    assert R.match_line(rows, "td3") == "td3: no ds sparsity is within one std of dense (dense 100.0 ± 10.0)."
-    assert R.match_line([row("dense", 0.0, 1.0)], "td3") is None  # nothing to compare
-    assert R.match_line([row("ds", 0.5, 1.0)], "td3") is None
-    assert R.highest_matching([row("dense", 0.0, 100.0), row("ds", 0.5, 100.0)], "td3") is not None  # one seed: std 0
+    assert T.highest_matching(rows, "td3") is None
+    assert T.match_line(rows, "td3") == "td3: no ds sparsity is within one std of dense (dense 100.0 ± 10.0)."
+    assert T.match_line([row("dense", 0.0, 1.0)], "td3") is None  # nothing to compare
+    assert T.match_line([row("ds", 0.5, 1.0)], "td3") is None
+    assert T.highest_matching([row("dense", 0.0, 100.0), row("ds", 0.5, 100.0)], "td3") is not None  # one seed: std 0
 
 
 # ------------------------------------------------------------------ the files
@@ -189,10 +190,10 @@ def test_results_file_sections_and_json(tmp_path: Path) -> None:
     records = records_for(tmp_path / "runs")
     md = tmp_path / "Pendulum-v1.md"
     first = meta(tmp_path, "aaaa", "spreeze results --env Pendulum-v1 --sparsities 0.5 0.8 0.9")
-    R.write_results(md, first, records[:5], 12)
+    T.write_results(md, first, records[:5], 12)
     text = md.read_text()
     assert text.startswith("# Spreeze results: Pendulum-v1") and "5/12 runs done (in progress)" in text
-    R.write_results(md, first, records, 12)  # same command: its section is replaced
+    T.write_results(md, first, records, 12)  # same command: its section is replaced
     text = md.read_text()
     assert text.count("<!-- spreeze-results aaaa -->") == 1 and "12/12 runs done;" in text
     for needed in ("- command: `spreeze results --env Pendulum-v1 --sparsities 0.5 0.8 0.9`",
@@ -205,7 +206,7 @@ def test_results_file_sections_and_json(tmp_path: Path) -> None:
                         f"| 3 | {DENSE_PARAMS:,} | {DENSE_PARAMS:,} | 1.00x | 11 |")
     assert table[2].startswith("| td3 | ds | 80.0% | -290.0 ± 10.0 | ") and "| no (0/3) | no (0/3) | 3 |" in table[2]
     assert "| 0.50x |" in table[2] and "steps to -275 (median)" in text
-    R.write_results(md, meta(tmp_path, "bbbb", "spreeze results --last 3"), records[:3], 3)  # another command
+    T.write_results(md, meta(tmp_path, "bbbb", "spreeze results --last 3"), records[:3], 3)  # another command
     text = md.read_text()
     assert text.index("spreeze-results aaaa") < text.index("spreeze-results bbbb") and text.count("# Spreeze") == 1
     assert "| td3 | dense | - | -250.0 ± 50.0 |" in text.split("spreeze-results bbbb -->")[1]
@@ -225,7 +226,7 @@ def test_learning_curves_per_row(tmp_path: Path) -> None:
 
 def test_fewer_evals_than_last_are_marked(tmp_path: Path) -> None:
     rec = R.run_record(R.Variant("td3", "dense"), 0, fake_run(tmp_path / "r", [-10.0, -20.0]), 1.0, last=10)
-    assert "| -15.0 ± 0.0 (last 2) |" in R.table(R.summarize([rec]), last=10)
+    assert "| -15.0 ± 0.0 (last 2) |" in T.table(T.summarize([rec]), last=10)
 
 
 def test_cpu_model_and_machine(tmp_path: Path) -> None:

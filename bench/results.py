@@ -63,6 +63,7 @@ if TYPE_CHECKING:
 # torch, gymnasium, numpy and matplotlib are imported by the functions that use them, so that
 # `spreeze results --help` and a bad argument answer at once
 
+PLAN = "plan"  # an --algos word: the algorithm the start plan picks for the task
 OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*=")  # a key=value config override among the arguments
 
 
@@ -190,7 +191,9 @@ def parser() -> argparse.ArgumentParser:
                                 epilog="key=value words anywhere are config overrides, e.g. "
                                        "td3.hidden=[256,256] sparse.sparsity=0.5")
     p.add_argument("--env", default="HalfCheetah-v5", help="gymnasium environment id (default HalfCheetah-v5)")
-    p.add_argument("--algos", nargs="+", type=algo_arg, default=["td3"], help=f"algorithms: {ALGO_HELP} (default td3)")
+    p.add_argument("--algos", nargs="+", type=results_algo, default=["td3"],
+                   help=f"algorithms: {ALGO_HELP} | {PLAN} (the one the start plan picks for the env and these "
+                   "overrides: what `spreeze train` runs without --algo) (default td3)")
     p.add_argument("--modes", nargs="+", choices=NETWORKS, default=list(NETWORKS),
                    help=f"network modes, one row each (default {' '.join(NETWORKS)})")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds of every row (default 0 1 2)")
@@ -205,6 +208,30 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="Markdown results file (default results/<env>.md; JSON beside it)")
     p.add_argument("--runs-dir", default="runs/results", help="run dirs go to RUNS_DIR/<env>/<section key>/")
     return p
+
+
+def results_algo(text: str) -> str:
+    """An ``--algos`` word: an algorithm (`algo_arg`) or PLAN."""
+    return text if text == PLAN else algo_arg(text)
+
+
+def planned_algos(args: argparse.Namespace) -> list[str]:
+    """``--algos`` with PLAN replaced by the algorithm the start plan picks for the env under
+    these overrides (services/supervisor/probe.py `algo_choice`), printed with its reason."""
+    if PLAN not in args.algos:
+        return list(args.algos)
+    from spreeze.common.config import given_keys, load_config
+    from spreeze.common.envs import task_facts
+    from spreeze.services.supervisor.probe import algo_choice
+
+    given = [*args.overrides, f"env={args.env}"]
+    cfg = load_config(args.config, given)
+    choices = algo_choice(task_facts(cfg.env_source), cfg, given_keys(args.config, given)) \
+        if cfg.supervisor.auto else []
+    algo = str(choices[0].value) if choices else cfg.algo
+    print(f"{PLAN}: {choices[0].describe() if choices else f'algo={algo}, kept by the config or overrides'}",
+          flush=True)
+    return list(dict.fromkeys(algo if a == PLAN else a for a in args.algos))
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -290,9 +317,10 @@ def describe(i: int, n: int, variant: Variant, r: Record) -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse(argv)
+    key = experiment_key(args)  # of the command as given: `--algos plan` has its own section
+    args.algos = planned_algos(args)
     plan = variants(args.algos, args.modes, args.sparsities)
     check_configs(args, plan)
-    key = experiment_key(args)
     md = Path(args.out or f"results/{args.env}.md")
     meta = {"key": key, "command": "spreeze results " + shlex.join(argv),
             "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),

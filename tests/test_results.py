@@ -251,6 +251,18 @@ def test_arguments_overrides_anywhere_and_variants() -> None:
         R.parse(["--modes", "dense", "--sparsities", "0.5"])  # a sweep needs ds
 
 
+def test_plan_stands_for_the_algorithm_the_start_plan_picks(capsys: pytest.CaptureFixture[str]) -> None:
+    hopper = R.parse(["--env", "Hopper-v5", "--algos", "plan"])
+    assert R.planned_algos(hopper) == ["crossq"]  # ends episodes when it falls
+    assert "algo=crossq: Hopper-v5 ends episodes when the agent falls" in capsys.readouterr().out
+    assert R.planned_algos(R.parse(["--env", "HalfCheetah-v5", "--algos", "plan", "sac"])) == ["td3", "sac"]
+    assert R.planned_algos(R.parse(["--env", "Hopper-v5", "--algos", "plan", "td3.hidden=[8,8]"])) == ["td3"]
+    assert R.planned_algos(R.parse(["--env", "Hopper-v5", "--algos", "plan", "crossq"])) == ["crossq"]
+    assert R.experiment_key(hopper) != R.experiment_key(R.parse(["--env", "Hopper-v5", "--algos", "crossq"]))
+    with pytest.raises(SystemExit):
+        R.parse(["--algos", "plans"])
+
+
 # ------------------------------------------------------------------ end to end
 
 @pytest.mark.slow

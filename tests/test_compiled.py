@@ -273,3 +273,26 @@ def test_guards_stay_on_while_any_compile_runs() -> None:
         assert not guards_off()
     finally:
         check_guards(True)
+
+
+def test_the_vector_instruction_check_runs_once_per_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    import torch._inductor.config as inductor_config
+    from spreeze.common.algorithms.compiled import CACHE_ENV, VEC_ISA_FILE, settle_vec_isa
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    before = inductor_config.cpp.vec_isa_ok  # (monkeypatch would delete inductor's config entry on undo)
+    record = tmp_path / VEC_ISA_FILE
+    try:
+        inductor_config.cpp.vec_isa_ok = None
+        assert settle_vec_isa() == "checked"  # x86 with g++: every set the CPU has builds and loads
+        facts = json.loads(record.read_text())
+        assert facts["torch"] == torch.__version__ and facts["cpu"] and inductor_config.cpp.vec_isa_ok is True
+        inductor_config.cpp.vec_isa_ok = None  # a later start with this cache
+        assert settle_vec_isa() == "trusted" and inductor_config.cpp.vec_isa_ok is True
+        for stale in (json.dumps({**facts, "torch": "0.0"}), "{not json"):  # another torch; a torn write
+            record.write_text(stale)
+            inductor_config.cpp.vec_isa_ok = None
+            assert settle_vec_isa() == "checked" and json.loads(record.read_text()) == facts
+    finally:
+        inductor_config.cpp.vec_isa_ok = before

@@ -20,7 +20,9 @@ within float tolerance (tests/test_compiled.py).
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -36,6 +38,7 @@ from spreeze.common.sparse import SparseTopology
 WARMUP_CALLS = 2  # calls of each step in the warm-up: the first compiles, the second proves no recompile
 CUDA_SIDE_CALLS = 3  # side-stream calls before a CUDA graph capture (cuBLAS handles, allocator, autotune)
 CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"  # where inductor keeps compiled kernels and its FX graph cache
+VEC_ISA_FILE = "spreeze-vec-isa.json"  # in that cache: the vector instruction sets that passed inductor's check
 
 Tensors = list[torch.Tensor]
 
@@ -117,6 +120,57 @@ def use_compile_cache(path: str | Path) -> Path:
     import torch._inductor.config as inductor_config
     inductor_config.fx_graph_cache = True
     return chosen
+
+
+def settle_vec_isa() -> str:
+    """Spare inductor its vector-instruction check where it already passed on this machine.
+
+    Before its first CPU kernel, inductor checks each vector instruction set the CPU has
+    (AVX2, AVX-512, ...): a dry compile and a child Python loading the result, per set.
+    That is 7-12 s of a first compile on 2 cores and 1.5 s of every later start (the kernels
+    come from the cache, the check does not). Here the check runs once, its sets in
+    parallel, and when every set the CPU has passed, that is recorded in the compile cache
+    (VEC_ISA_FILE) with what it depends on (torch's version, the compiler, the CPU's sets)
+    and inductor is told (``cpp.vec_isa_ok``) instead of checking; a later start that finds
+    the same record tells it at once. Both starts compile with the same setting, so the
+    second finds the first's kernels. Where a set fails (a compiler without AVX-512, say),
+    inductor keeps checking for itself. Returns what it did: trusted (from the record),
+    checked (and recorded), or unchanged (not x86, or a set failed).
+    """
+    import torch._inductor.config as inductor_config
+    from torch._inductor import cpu_vec_isa
+    from torch._inductor.cpp_builder import get_cpp_compiler
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    if inductor_config.cpp.vec_isa_ok is not None:
+        return "trusted" if inductor_config.cpp.vec_isa_ok else "unchanged"
+    try:
+        cpu_sets = cpu_vec_isa.x86_isa_checker()
+        compiler = shutil.which(get_cpp_compiler()) or get_cpp_compiler()
+    except Exception:  # noqa: BLE001 - not x86, or inductor's internals moved: let it check itself
+        return "unchanged"
+    facts = {"torch": torch.__version__, "compiler": compiler, "cpu": sorted(cpu_sets)}
+    record = Path(os.environ.get(CACHE_ENV) or default_cache_dir()) / VEC_ISA_FILE
+    try:
+        known = json.loads(record.read_text())
+    except (OSError, ValueError):
+        known = None
+    if known != facts:
+        wanted = [isa for isa in cpu_vec_isa.supported_vec_isa_list if all(f in cpu_sets for f in str(isa).split())]
+        checks = [threading.Thread(target=bool, args=(isa,), daemon=True) for isa in wanted]
+        for t in checks:
+            t.start()
+        for t in checks:
+            t.join()
+        if not wanted or not all(wanted):  # bool(isa) is cached: the checks just made
+            return "unchanged"
+        try:
+            record.parent.mkdir(parents=True, exist_ok=True)
+            record.write_text(json.dumps(facts))
+        except OSError:
+            pass  # checked again next start
+    inductor_config.cpp.vec_isa_ok = True
+    return "checked" if known != facts else "trusted"
 
 
 class AdamState:
@@ -255,6 +309,8 @@ class CompiledStep:
         """Compile (on CUDA: compile and capture) for these input shapes, changing no state;
         returns the seconds it took."""
         t0 = time.perf_counter()
+        if self.device.type == "cpu":
+            settle_vec_isa()
         with compiling():
             if self.graphs is None:
                 saved = self._snapshot()

@@ -217,17 +217,15 @@ def results_algo(text: str) -> str:
 
 def planned_algos(args: argparse.Namespace) -> list[str]:
     """``--algos`` with PLAN replaced by the algorithm the start plan picks for the env under
-    these overrides (services/supervisor/probe.py `algo_choice`), printed with its reason."""
+    these overrides (services/supervisor/probe.py `planned_algo`), printed with its reason."""
     if PLAN not in args.algos:
         return list(args.algos)
     from spreeze.common.config import given_keys, load_config
-    from spreeze.common.envs import task_facts
-    from spreeze.services.supervisor.probe import algo_choice
+    from spreeze.services.supervisor.probe import planned_algo
 
     given = [*args.overrides, f"env={args.env}"]
     cfg = load_config(args.config, given)
-    choices = algo_choice(task_facts(cfg.env_source), cfg, given_keys(args.config, given)) \
-        if cfg.supervisor.auto else []
+    choices = planned_algo(cfg, given_keys(args.config, given))
     algo = str(choices[0].value) if choices else cfg.algo
     print(f"{PLAN}: {choices[0].describe() if choices else f'algo={algo}, kept by the config or overrides'}",
           flush=True)

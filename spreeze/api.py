@@ -95,11 +95,8 @@ def resolve(config: str | Path | Mapping[str, Any] | None = None, overrides: Seq
 def _planned_algo(cfg: Config, pinned: frozenset[str]) -> Config:
     """The config with the algorithm the start plan chooses for its task when the user chose
     none (the run directory is named after it; the supervisor prints the plan's reason)."""
-    if not cfg.supervisor.auto or "algo" in pinned:  # (no need to make the env to keep it)
-        return cfg
-    from spreeze.common.envs import task_facts
-    from spreeze.services.supervisor.probe import algo_choice, apply
-    return apply(cfg, algo_choice(task_facts(cfg.env_source), cfg, pinned))
+    from spreeze.services.supervisor.probe import apply, planned_algo
+    return apply(cfg, planned_algo(cfg, pinned))
 
 
 def _resume_config(run_dir: Path, config: str | Path | None, overrides: list[str]) -> Config:

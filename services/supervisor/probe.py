@@ -237,6 +237,16 @@ def algo_choice(task: Task, cfg: Config, pinned: frozenset[str]) -> list[Choice]
                    "1000)")]
 
 
+def planned_algo(cfg: Config, pinned: frozenset[str]) -> list[Choice]:
+    """`algo_choice` for the config's own task, before anything runs (the run directory and
+    `spreeze results --algos plan` name the algorithm it picks); none when the plan is off or
+    the user chose the algorithm (then the env is not even made)."""
+    if not cfg.supervisor.auto or "algo" in pinned:
+        return []
+    from spreeze.common.envs import task_facts
+    return algo_choice(task_facts(cfg.env_source), cfg, pinned)
+
+
 def task_choices(task: Task, cfg: Config, pinned: frozenset[str]) -> list[Choice]:
     """Settings derived from the task itself, by early termination: the network size and the
     random warm-up."""
